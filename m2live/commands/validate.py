@@ -1,0 +1,36 @@
+"""Score the predictor against every per-operator CSV in a directory: MAPE per file and operator kind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from ..validate import score_directory
+from .ops import parse_clock
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", help="directory of opbench-style CSVs with a latency_ms column (or one CSV)")
+    p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
+    p.add_argument("--clock", default="boost", help="'boost' (default), 'forecast', or an SM clock in MHz")
+    p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    results = score_directory(args.directory, gpu=args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    t = Table(title="m2live validate: predicted vs measured per-operator latency")
+    for col in ("GPU", "kind", "region", "rows", "MAPE %", "median APE %", "bias %"):
+        t.add_column(col, justify="right" if col[0].isupper() and col != "GPU" else "left")
+    for r in results:
+        t.add_row(r["gpu"], r["kind"], "N,K∈[1k,16k]" if r["region"] == "core" and r["kind"] == "gemm"
+                  else ("head_dim 128" if r["region"] == "core" else "all rows"),
+                  str(r["rows"]), f"{r['mape']:.2f}", f"{r['median_ape']:.2f}", f"{r['bias']:+.2f}")
+    Console(width=120).print(t)
+    return 0

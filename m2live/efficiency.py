@@ -1,0 +1,163 @@
+"""The efficiency factors of the step equation, each a named physical behaviour.
+
+Compute branch:  eta_c = f_clk * eta_wave * eta_active * eta_duty
+  f_clk      sustained SM clock / boost clock (live from NVML, forecast from the power cap, or 1 = boost)
+  eta_wave   how completely the GEMM's tile grid fills the SMs: tile padding of M and N and the idle SMs of a
+             partial last wave (with split-K when the grid is smaller than one wave)
+  eta_active fraction of cycles the tensor cores issue MMAs instead of waiting on operand movement; it grows
+             with the tile's arithmetic intensity BM*BN/(BM+BN) up to a per-architecture ceiling
+  eta_duty   steady-state share of the kernel spent in the main loop: K/BK main-loop iterations against a fixed
+             prologue/epilogue cost of K0/BK iterations, i.e. K / (K + K0)
+Memory branch:   eta_mem = achieved / peak DRAM bandwidth, a per-architecture streaming ceiling; a fixed
+  per-kernel latency is paid on top of both branches (launch inside a graph, pipeline fill, tail).
+
+Every fitted constant in ``ARCH`` says what it was fitted on. Architectures that were never measured borrow the
+constants of the nearest measured one (named in ``borrowed_from``); their datasheets do the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ArchConstants:
+    """Per-architecture constants. Units: seconds, bytes, FLOP-free ratios."""
+
+    # Tensor-core ceiling: eta_active saturates at eta_tc when the tile intensity reaches i_crit.
+    eta_tc: float
+    i_crit: float  # tile intensity BM*BN/(BM+BN) [elements] at which operand movement stops stalling MMAs
+    k0: float  # prologue+epilogue cost of one output tile, in K elements of main-loop work
+    t_kernel: float  # fixed latency of one kernel (s): dispatch inside a CUDA graph, pipeline fill, tail
+    eta_mem: float  # streaming DRAM efficiency (achieved / datasheet bandwidth)
+    l2_speedup: float  # bandwidth of L2-resident operands relative to DRAM (opbench repeats without a flush)
+    # Attention (FlashAttention): tensor-core ceiling of the fused kernel relative to peak, and KV streaming.
+    eta_attn: float
+    eta_attn_mem: float
+    attn_block_m: int  # query rows per attention CTA
+    sm_bw_frac: float  # share of the DRAM bandwidth a single SM can pull on its own (Little's law floor)
+    tiles: tuple[tuple[int, int], ...] = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 256), (256, 128))
+    fitted_on: str = ""
+    borrowed_from: str | None = None
+
+
+# Fitted by bench/fit_constants.py on ../shared/data/opbench (A100-SXM4-80GB for ampere, H100 80GB HBM3 for
+# hopper; GEMMs with N,K >= 256, prefill/decode attention head_dim 128) — see results/constants.json.
+ARCH: dict[str, ArchConstants] = {
+    "ampere": ArchConstants(
+        eta_tc=0.90, i_crit=64.0, k0=256.0, t_kernel=4.0e-6, eta_mem=0.70, l2_speedup=1.0,
+        eta_attn=0.55, eta_attn_mem=0.70, attn_block_m=128, sm_bw_frac=0.03,
+        fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB)",
+    ),
+    "hopper": ArchConstants(
+        eta_tc=0.80, i_crit=64.0, k0=256.0, t_kernel=3.5e-6, eta_mem=0.86, l2_speedup=1.0,
+        eta_attn=0.55, eta_attn_mem=0.80, attn_block_m=128, sm_bw_frac=0.03,
+        fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3)",
+    ),
+}
+# Unmeasured architectures: nearest measured generation of the tensor-core/memory pipeline.
+ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline)")
+ARCH["blackwell"] = replace(ARCH["hopper"], borrowed_from="hopper (TMA + async tensor-core pipeline)")
+# A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
+ARCH["cpu"] = ArchConstants(
+    eta_tc=0.6, i_crit=1.0, k0=0.0, t_kernel=5e-6, eta_mem=0.8, l2_speedup=1.0,
+    eta_attn=0.3, eta_attn_mem=0.6, attn_block_m=1, sm_bw_frac=1.0, tiles=((1, 1),),
+    fitted_on="not fitted: CPU peak FLOP/s and bandwidth come from the start-up microbenchmark",
+)
+
+
+def arch_constants(arch: str) -> ArchConstants:
+    try:
+        return ARCH[arch]
+    except KeyError:
+        raise ValueError(f"no efficiency constants for architecture {arch!r}") from None
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    eta_wave: float
+    eta_active: float
+    eta_duty: float
+    tile: tuple[int, int]
+    split_k: int
+    waves: int
+
+
+def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmEfficiency:
+    """Pick the tile a good GEMM heuristic would pick (least time), and return its factors.
+
+    For each candidate tile (BM, BN): the grid is ceil(M/BM)*ceil(N/BN) CTAs; if that is less than one wave,
+    K is split so the grid fills the SMs (as cuBLAS split-K does for small-M GEMMs). Time in units of
+    "one SM at peak" is waves * BM*BN*(K/split) / (eta_active * eta_duty); the least time wins.
+    """
+    best: tuple[float, GemmEfficiency] | None = None
+    for bm, bn in c.tiles:
+        tm, tn = -(-m // bm), -(-n // bn)
+        ctas = tm * tn
+        split = 1
+        if ctas < sms and k >= 1024:
+            split = max(1, min(sms // ctas, k // 512))
+        kk = k / split
+        waves = -(-(ctas * split) // sms)
+        intensity = bm * bn / (bm + bn)
+        active = c.eta_tc * min(1.0, intensity / c.i_crit)
+        duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
+        cost = waves * bm * bn * kk / (active * duty)
+        if best is None or cost < best[0]:
+            wave = (m * n * k) / (waves * sms * bm * bn * kk)
+            best = (cost, GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves))
+    assert best is not None
+    return best[1]
+
+
+def attention_wave(ctas: int, sms: int) -> float:
+    """Share of SM-slots busy when ``ctas`` equal CTAs run in ceil(ctas/sms) waves."""
+    if ctas <= 0:
+        return 1.0
+    waves = math.ceil(ctas / sms)
+    return ctas / (waves * sms)
+
+
+# --------------------------------------------------------------------------------------------------
+# The clock forecast: a power model from the datasheet (the seed's open item "forecast f_clk from the cap").
+#
+# Dynamic power of the SMs at clock f scales as f * V(f)^2 with V roughly proportional to f on the DVFS
+# curve, so P_dyn(f) = a * E * Peak(f_boost) * (f/f_boost)^3 where a is the op's tensor activity (0..1) and E
+# the energy per tensor FLOP at boost voltage. Board power = P_idle + P_mem + P_dyn; the firmware lowers the
+# clock until board power meets the cap (TDP). The f^3 law and a P_idle of 10 % of TDP are assumptions; E per
+# architecture is fitted to the sustained clocks the seed measured at M=16384 under sustained GEMM load
+# (A100-80GB 1125/1410 MHz, H100-SXM 1380/1980, L40S 1425/2520; H200 1455/1980 is a held-out check).
+# --------------------------------------------------------------------------------------------------
+IDLE_FRACTION = 0.10  # assumption: idle + uncore power as a share of TDP
+MEM_POWER_FRACTION = 0.15  # assumption: DRAM + IO power at full streaming, share of TDP
+
+
+def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, activity: float = 1.0) -> float:
+    """E [J/FLOP] that makes a full-activity GEMM settle at ``sustained_ratio`` of boost under ``tdp``."""
+    budget = tdp * (1 - IDLE_FRACTION)
+    return budget / (activity * peak_boost * sustained_ratio**3)
+
+
+# Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost.
+ENERGY_PER_FLOP: dict[str, float] = {
+    "ampere": _energy_from_anchor(400.0, 312e12, 1125 / 1410),  # A100-SXM4-80GB
+    "hopper": _energy_from_anchor(700.0, 989.4e12 * 1980 / 1830, 1380 / 1980),  # H100-SXM
+    "ada": _energy_from_anchor(350.0, 362.05e12, 1425 / 2520),  # L40S
+}
+ENERGY_PER_FLOP["blackwell"] = ENERGY_PER_FLOP["hopper"]  # borrowed: no Blackwell anchor measured
+ENERGY_PER_FLOP["cpu"] = 0.0
+
+
+def forecast_clock_ratio(
+    tdp_w: float, peak_flops_boost: float, arch: str, tensor_activity: float, mem_activity: float = 0.0
+) -> float:
+    """f_clk predicted from the power cap for an op mix with the given tensor and DRAM activity (0..1)."""
+    e = ENERGY_PER_FLOP.get(arch, 0.0)
+    if e <= 0 or tensor_activity <= 0:
+        return 1.0
+    budget = tdp_w * (1 - IDLE_FRACTION - MEM_POWER_FRACTION * min(1.0, max(0.0, mem_activity)))
+    demand_at_boost = min(1.0, tensor_activity) * e * peak_flops_boost
+    if demand_at_boost <= budget:
+        return 1.0
+    return (budget / demand_at_boost) ** (1.0 / 3.0)

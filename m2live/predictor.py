@@ -1,0 +1,330 @@
+"""The step equation.
+
+    T_step = max(T_blocks, N_kern * T_launch) + alpha * S_n + T_samp
+
+    T_blocks = N_L * (t_qkv + t_o + t_gate_up + t_down + t_attn_prefill + t_attn_decode + t_light + t_allreduce)
+               + t_lm_head
+
+Every operator term is a roofline max of a compute branch and a memory branch plus one fixed kernel latency:
+
+    t_op = t_kernel + max( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
+                           bytes / (BW * eta_mem) )
+
+``OpModel`` prices single operators on a GPU (used by ``m2live ops`` / ``validate``); ``Predictor`` adds the
+model shape, tensor parallelism and host terms for whole steps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from .efficiency import (
+    ArchConstants,
+    arch_constants,
+    attention_wave,
+    forecast_clock_ratio,
+    gemm_efficiency,
+)
+from .hardware import GpuSpec, get_gpu
+from .shapes import ModelShape, get_model
+from .step import Step
+
+GEMM_OPS = ("qkv", "o", "gate_up", "down")
+OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head", "launch", "host", "sampling")
+
+
+@dataclass(frozen=True)
+class HostConstants:
+    """Host-side terms (CPU work around the GPU body). Priors for vLLM V1 on a GPU; the online residual
+    tracker refits them per engine (the seed's calibrated mode), so they are starting points, not truths.
+    Sources: order of magnitude of vLLM V1's per-step CPU overhead (scheduler + input prep + output
+    processing ~0.3-1 ms, ~5-20 us per sequence), CUDA kernel launch ~4 us."""
+
+    t_launch: float = 4e-6  # CPU cost of launching one kernel eagerly (s)
+    graph_max_tokens: int = 512  # steps with at most this many tokens replay captured CUDA graphs
+    t_graph: float = 30e-6  # replaying one captured graph (s)
+    alpha: float = 12e-6  # host work per sampled sequence (s): input prep, sampler, detokenize hand-off
+    t_samp: float = 0.5e-3  # fixed per-step tail: scheduler, output processing (s)
+    kernels_per_layer: int = 11  # 4 GEMMs, 2 attention, 5 light kernels
+
+
+@dataclass(frozen=True)
+class OpTime:
+    t: float
+    bound: str  # "compute" | "memory" | "latency"
+    t_compute: float
+    t_memory: float
+    factors: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    total_s: float
+    ops: dict[str, float]  # op -> seconds in this step (all layers)
+    factors: dict[str, dict[str, float]]  # factor -> {op: value}; f_clk under op "step"
+    bound: dict[str, str]  # op -> which branch bound it
+    f_clk: float
+    clock_mhz: float
+    clock_source: str  # "live" | "forecast" | "boost"
+    t_blocks: float
+    gpu: str = ""
+    model: str = ""
+    tp: int = 1
+    l2_resident: bool = False  # True only when weights were assumed warm in L2 (benchmark loops)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class OpModel:
+    """Single-operator times on one GPU (bf16 unless told otherwise)."""
+
+    def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None):
+        self.gpu = get_gpu(gpu)
+        self.c = constants or arch_constants(self.gpu.arch)
+        self.dtype = dtype
+        self.elt = 1 if dtype == "fp8" else 2
+        self.peak = self.gpu.peak_flops(dtype)  # at boost
+        self.bw = self.gpu.mem_bw
+        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float]] = {}
+
+    # ---- GEMM -----------------------------------------------------------------------------------
+    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float]:
+        """(compute time at boost, DRAM bytes, eta_wave, eta_active, eta_duty), cached per shape."""
+        key = (m, n, k)
+        hit = self._gemm_cache.get(key)
+        if hit is not None:
+            return hit
+        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
+        tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
+        nbytes = self.elt * (m * k + n * k + m * n)
+        out = (tc, nbytes, e.eta_wave, e.eta_active, e.eta_duty)
+        if len(self._gemm_cache) > 65536:
+            self._gemm_cache.clear()
+        self._gemm_cache[key] = out
+        return out
+
+    def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
+        tc, nbytes, wave, active, duty = self._gemm_base(m, n, k)
+        tc /= f_clk
+        bw = self.bw * self.c.eta_mem
+        if l2_warm and self.elt * n * k <= 0.5 * self.gpu.l2_bytes:
+            bw *= self.c.l2_speedup  # weight re-read from L2 in a benchmark loop (never in serving)
+        tm = nbytes / bw
+        factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty,
+                   "eta_mem": self.c.eta_mem}
+        return self._op(tc, tm, factors)
+
+    def _op(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
+        body = max(tc, tm)
+        bound = "compute" if tc >= tm else "memory"
+        if self.c.t_kernel > body:
+            bound = "latency"
+        return OpTime(self.c.t_kernel + body, bound, tc, tm, factors)
+
+    # ---- attention ------------------------------------------------------------------------------
+    def prefill_attention(
+        self, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, f_clk: float = 1.0
+    ) -> OpTime:
+        """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix."""
+        pairs = 0.0
+        q_tokens = 0
+        kv_tokens = 0
+        ctas = 0
+        bm = self.c.attn_block_m
+        for new, ctx in seqs:
+            pairs += new * ctx + new * (new + 1) / 2.0
+            q_tokens += new
+            kv_tokens += ctx + new
+            ctas += -(-new // bm)
+        ctas *= heads
+        flops = 4.0 * heads * head_dim * pairs
+        wave = attention_wave(ctas, self.gpu.sms)
+        tc = flops / (self.peak * f_clk * self.c.eta_attn * wave)
+        nbytes = self.elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
+        tm = nbytes / (self.bw * self.c.eta_attn_mem)
+        return self._op(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_attn": self.c.eta_attn,
+                                 "eta_mem": self.c.eta_attn_mem})
+
+    def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
+                         head_dim: int, f_clk: float = 1.0) -> OpTime:
+        """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
+
+        ``contexts`` is the list of contexts or their sum. Achieved bandwidth is the smaller of the streaming
+        ceiling and what the CTAs in flight can pull (one CTA per sequence x KV head x KV split).
+        """
+        total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
+        kv_read = total_ctx + n_seqs
+        nbytes = self.elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs + 2 * kv_heads * n_seqs)
+        flops = 4.0 * heads * head_dim * kv_read
+        mean_ctx = kv_read / max(1, n_seqs)
+        ctas = n_seqs * kv_heads
+        if ctas < self.gpu.sms:  # split-KV (flash-decoding) to fill the SMs, one split per >= 256 tokens
+            ctas *= max(1, min(-(-self.gpu.sms // ctas), int(mean_ctx // 256) or 1))
+        bw = min(self.bw * self.c.eta_attn_mem, ctas * self.c.sm_bw_frac * self.bw)
+        tm = nbytes / bw
+        tc = flops / (self.peak * f_clk * self.c.eta_attn)
+        return self._op(tc, tm, {"f_clk": f_clk, "eta_mem": bw / self.bw})
+
+    def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
+        tm = nbytes / (self.bw * self.c.eta_mem)
+        return OpTime(kernels * self.c.t_kernel + tm, "memory" if tm > kernels * self.c.t_kernel else "latency",
+                      0.0, tm, {"eta_mem": self.c.eta_mem})
+
+
+class Predictor:
+    """Whole-step prediction for one model on one GPU (per-GPU shard under tensor parallelism)."""
+
+    def __init__(self, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike, tp: int = 1,
+                 dtype: str = "bf16", host: HostConstants | None = None,
+                 constants: ArchConstants | None = None):
+        self.ops = OpModel(gpu, dtype=dtype, constants=constants)
+        self.gpu = self.ops.gpu
+        base = get_model(model)
+        self.model = base.sharded(tp)
+        self.tp = tp
+        self.host = host or HostConstants()
+        m = self.model
+        self._gemm_nk = m.gemms()
+        self._lm_nk = m.lm_head
+        d = m.dtype_bytes
+        h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
+        # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
+        # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
+        self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
+                                           + 3 * m.intermediate // tp + 4 * kv * hd)
+        self._light_kernels = 5
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike = "meta-llama/Llama-3.1-8B",
+                tp: int = 1, **kw) -> Predictor:
+        return cls(gpu, model, tp=tp, **kw)
+
+    # ---- clock --------------------------------------------------------------------------------------
+    def _resolve_clock(self, f_clk: float | None, clock_mhz: float | None) -> tuple[float | None, str]:
+        boost = self.gpu.boost_mhz
+        if clock_mhz is not None:
+            if clock_mhz <= 0:
+                raise ValueError(f"clock must be positive, got {clock_mhz} MHz")
+            return clock_mhz / boost, "live"
+        if f_clk is None:
+            return None, "forecast"
+        if f_clk <= 0:
+            raise ValueError(f"f_clk must be positive, got {f_clk}")
+        if f_clk > 5.0:  # a clock in MHz, as NVML reports it
+            return f_clk / boost, "live"
+        return f_clk, "boost" if f_clk == 1.0 else "live"
+
+    def forecast_f_clk(self, step: Step) -> float:
+        """f_clk the power cap allows for this step's op mix (board power vs clock and op activity)."""
+        p = self._predict(step, 1.0, "boost", breakdown=False)
+        t = p.t_blocks
+        if t <= 0:
+            return 1.0
+        flops, nbytes = self.work(step)
+        return forecast_clock_ratio(self.gpu.tdp_w, self.ops.peak, self.gpu.arch,
+                                    tensor_activity=flops / (t * self.ops.peak),
+                                    mem_activity=nbytes / (t * self.ops.bw))
+
+    # ---- the step equation ------------------------------------------------------------------------------
+    def predict(self, step: Step, f_clk: float | None = None, clock_mhz: float | None = None) -> Prediction:
+        """``f_clk``: None → forecast from the power cap; a ratio (1.0 = boost); or a clock in MHz (> 5)."""
+        if not isinstance(step, Step):
+            step = Step(step)
+        f, source = self._resolve_clock(f_clk, clock_mhz)
+        if f is None:
+            f = self.forecast_f_clk(step)
+        return self._predict(step, f, source, breakdown=True)
+
+    def predict_total(self, step: Step, f_clk: float = 1.0) -> float:
+        """Fast path (admission control): total seconds only, f_clk as a ratio."""
+        return self._predict(step, f_clk, "live", breakdown=False).total_s
+
+    def _predict(self, step: Step, f: float, source: str, breakdown: bool) -> Prediction:
+        m, o, host = self.model, self.ops, self.host
+        L = m.layers
+        T = step.num_tokens
+        ops: dict[str, float] = {}
+        factors: dict[str, dict[str, float]] = {"f_clk": {"step": f}}
+        bound: dict[str, str] = {}
+
+        def record(name: str, t: OpTime, scale: float) -> None:
+            ops[name] = t.t * scale
+            if breakdown:
+                bound[name] = t.bound
+                for k, v in t.factors.items():
+                    if k != "f_clk":
+                        factors.setdefault(k, {})[name] = v
+
+        # projections: one GEMM each per layer over all T tokens
+        for name, (n, k) in self._gemm_nk.items():
+            record(name, o.gemm(T, n, k, f), L)
+        # attention
+        pre = step.prefill_seqs
+        dec = step.decode_contexts
+        if pre:
+            record("attn_prefill", o.prefill_attention(pre, m.heads_per_gpu, m.kv_heads_per_gpu, m.head_dim, f), L)
+        else:
+            ops["attn_prefill"] = 0.0
+        if dec:
+            record("attn_decode", o.decode_attention(sum(dec), len(dec), m.heads_per_gpu, m.kv_heads_per_gpu,
+                                                     m.head_dim, f), L)
+        else:
+            ops["attn_decode"] = 0.0
+        # light ops: norms, RoPE, activation, residual adds, KV-cache writes
+        record("light", o.elementwise(T * self._light_bytes_per_token, self._light_kernels), L)
+        # tensor-parallel all-reduce: two per layer of T x hidden activations (ring: 2(tp-1)/tp of the data)
+        if self.tp > 1:
+            nbytes = T * m.hidden * m.dtype_bytes
+            lat = 8e-6 if self.gpu.interconnect in ("nvlink", "c2c") else 20e-6
+            t_ar = lat + 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.link_bw
+            ops["allreduce"] = 2 * L * t_ar
+            if breakdown:
+                bound["allreduce"] = "communication"
+        else:
+            ops["allreduce"] = 0.0
+        # LM head on the sampled tokens only (one per sequence)
+        n_v, k_v = self._lm_nk
+        record("lm_head", o.gemm(step.num_seqs, n_v, k_v, f), 1)
+        t_blocks = sum(ops.values())
+
+        # host: kernel launches overlap the GPU body; per-sequence work and the fixed tail do not
+        if T <= host.graph_max_tokens:
+            t_launch = (L + 1) * host.t_graph / 4  # piecewise graphs: one replay per layer piece
+        else:
+            t_launch = (L * host.kernels_per_layer + 4) * host.t_launch
+        ops["launch"] = max(0.0, t_launch - t_blocks)
+        ops["host"] = host.alpha * step.num_seqs
+        ops["sampling"] = host.t_samp
+        total = max(t_blocks, t_launch) + ops["host"] + ops["sampling"]
+        if breakdown:
+            bound["launch"] = bound["host"] = bound["sampling"] = "host"
+        return Prediction(
+            total_s=total, ops=ops, factors=factors, bound=bound, f_clk=f, clock_mhz=f * self.gpu.boost_mhz,
+            clock_source=source, t_blocks=t_blocks, gpu=self.gpu.name, model=m.name, tp=self.tp,
+        )
+
+    # ---- work accounting (for the clock forecast, the planner and MFU-style metrics) --------------------
+    def work(self, step: Step) -> tuple[float, float]:
+        """(FLOPs, DRAM bytes) of one step on one GPU."""
+        m = self.model
+        T = step.num_tokens
+        d = m.dtype_bytes
+        flops = 0.0
+        nbytes = 0.0
+        for n, k in self._gemm_nk.values():
+            flops += 2.0 * T * n * k
+            nbytes += d * (T * k + n * k + T * n)
+        pairs = sum(new * ctx + new * (new + 1) / 2.0 for new, ctx in step.prefill_seqs)
+        dec = step.decode_contexts
+        pairs += sum(dec) + len(dec)
+        flops += 4.0 * m.heads_per_gpu * m.head_dim * pairs
+        kv_tok = sum(c + n for n, c in step.prefill_seqs) + sum(dec) + len(dec)
+        nbytes += d * 2 * m.kv_heads_per_gpu * m.head_dim * kv_tok
+        nbytes += T * self._light_bytes_per_token
+        flops, nbytes = flops * m.layers, nbytes * m.layers
+        n_v, k_v = self._lm_nk
+        flops += 2.0 * step.num_seqs * n_v * k_v
+        nbytes += d * n_v * k_v
+        return flops, nbytes

@@ -1,0 +1,185 @@
+"""Model shapes: a Llama-style decoder (GQA, gated MLP, tied or untied LM head) from a HF config or a preset."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+class ModelShapeError(ValueError):
+    """A config that is not a usable decoder shape (missing fields, wrong types, not a decoder, bad TP)."""
+
+
+# Architectures we know are Llama-style decoders: RMSNorm, RoPE, GQA attention, gated-SiLU MLP.
+DECODER_ARCHS = {
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+    "GemmaForCausalLM", "Phi3ForCausalLM", "InternLM2ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
+    "Olmo2ForCausalLM", "OlmoForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM",
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    dtype_bytes: int = 2  # bf16 weights and activations
+    tp: int = 1  # tensor-parallel degree this shape is sharded for
+
+    # --- per-GPU (sharded) dimensions --------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def heads_per_gpu(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        # vLLM replicates KV heads when tp > kv_heads
+        return max(1, self.kv_heads // self.tp)
+
+    def gemms(self) -> dict[str, tuple[int, int]]:
+        """Per-layer projection GEMMs on one GPU as op -> (N, K); Y[M,N] = X[M,K] @ W[N,K]^T."""
+        d, t = self.head_dim, self.tp
+        return {
+            "qkv": ((self.heads_per_gpu + 2 * self.kv_heads_per_gpu) * d, self.hidden),
+            "o": (self.hidden, self.heads_per_gpu * d),
+            "gate_up": (2 * self.intermediate // t, self.hidden),
+            "down": (self.hidden, self.intermediate // t),
+        }
+
+    @property
+    def lm_head(self) -> tuple[int, int]:
+        """(N, K) of the LM head on one GPU (vocab-parallel)."""
+        return (-(-self.vocab // self.tp), self.hidden)
+
+    # --- sizes -------------------------------------------------------------------------------------
+    def layer_weight_bytes(self) -> int:
+        return sum(n * k for n, k in self.gemms().values()) * self.dtype_bytes
+
+    def weight_bytes(self) -> int:
+        """Weights resident on one GPU: layers + embedding + (untied) LM head shard."""
+        emb = self.vocab * self.hidden * self.dtype_bytes // self.tp
+        head = 0 if self.tied_embeddings else emb
+        norms = (2 * self.layers + 1) * self.hidden * self.dtype_bytes
+        return self.layers * self.layer_weight_bytes() + emb + head + norms
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per token on one GPU, all layers (K and V)."""
+        return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * self.dtype_bytes
+
+    def param_count(self) -> int:
+        full = replace(self, tp=1)
+        return full.weight_bytes() // self.dtype_bytes
+
+    def sharded(self, tp: int) -> ModelShape:
+        """The shape one GPU holds under tensor parallelism ``tp`` (column/row sharding as vLLM does)."""
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ModelShapeError(f"tensor-parallel size must be a positive integer, got {tp!r}")
+        if self.heads % tp:
+            raise ModelShapeError(f"TP={tp} does not divide the {self.heads} attention heads of {self.name}")
+        if self.kv_heads % tp and tp % self.kv_heads:
+            raise ModelShapeError(f"TP={tp} neither divides nor is a multiple of the {self.kv_heads} KV heads")
+        if self.intermediate % tp:
+            raise ModelShapeError(f"TP={tp} does not divide the intermediate size {self.intermediate}")
+        return replace(self, tp=tp)
+
+    # --- construction ------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: dict, name: str = "custom") -> ModelShape:
+        if not isinstance(cfg, dict):
+            raise ModelShapeError("config.json must hold a JSON object")
+        if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers keep the LM inside
+            cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+        archs = cfg.get("architectures") or []
+        if cfg.get("is_encoder_decoder") or (archs and not any(a in DECODER_ARCHS or a.endswith("ForCausalLM")
+                                                                for a in archs)):
+            raise ModelShapeError(f"{name}: not a decoder-only causal LM (architectures={archs})")
+        required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ModelShapeError(f"{name}: config is missing {', '.join(missing)}")
+
+        def pos_int(key: str, value) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ModelShapeError(f"{name}: {key} must be a positive integer, got {value!r}")
+            return value
+
+        hidden = pos_int("hidden_size", cfg["hidden_size"])
+        heads = pos_int("num_attention_heads", cfg["num_attention_heads"])
+        kv = pos_int("num_key_value_heads", cfg.get("num_key_value_heads", heads))
+        head_dim = cfg.get("head_dim") or (hidden // heads)
+        head_dim = pos_int("head_dim", head_dim)
+        if heads % kv:
+            raise ModelShapeError(f"{name}: {heads} attention heads not a multiple of {kv} KV heads")
+        return cls(
+            name=name,
+            hidden=hidden,
+            intermediate=pos_int("intermediate_size", cfg["intermediate_size"]),
+            layers=pos_int("num_hidden_layers", cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=kv,
+            head_dim=head_dim,
+            vocab=pos_int("vocab_size", cfg["vocab_size"]),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
+        )
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike) -> ModelShape:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        if not p.is_file():
+            raise ModelShapeError(f"no config.json at {path}")
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelShapeError(f"{p}: not readable JSON ({e.__class__.__name__}: {e})") from None
+        return cls.from_config(cfg, name=str(path))
+
+
+# Presets (numbers from each model's published config.json on the Hugging Face hub).
+PRESETS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape("meta-llama/Llama-3.1-8B", 4096, 14336, 32, 32, 8, 128, 128256),
+        ModelShape("meta-llama/Llama-3.1-70B", 8192, 28672, 80, 64, 8, 128, 128256),
+        ModelShape("meta-llama/Llama-3.2-1B", 2048, 8192, 16, 32, 8, 64, 128256, tied_embeddings=True),
+        ModelShape("meta-llama/Llama-2-7b-hf", 4096, 11008, 32, 32, 32, 128, 32000),
+        ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256),
+        ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True),
+        ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768),
+    )
+}
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
+    """A preset name (full or the part after the slash, case-insensitive) or a path to config.json / a model dir."""
+    if isinstance(model, ModelShape):
+        return model
+    s = str(model)
+    if os.path.exists(s):
+        return ModelShape.from_path(s)
+    key = _norm(s)
+    for name, shape in PRESETS.items():
+        if key in (_norm(name), _norm(name.split("/")[-1])):
+            return shape
+    raise ModelShapeError(
+        f"unknown model {s!r}: not a file or directory, and not a preset ({', '.join(PRESETS)})"
+    )

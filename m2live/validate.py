@@ -1,0 +1,202 @@
+"""Per-operator tables (the opbench schema): read, predict every row, score against measured latencies.
+
+Kinds, inferred from the columns (never from ``latency_ms``, which is optional):
+- ``gemm``            columns m, n, k                       Y[m,n] = X[m,k] @ W[n,k]^T, bf16
+- ``prefill_attention`` attention columns with step == 0     batch_size sequences of isl tokens, causal, empty cache
+- ``decode_attention``  attention columns with step >= 1     batch_size sequences of 1 token over step cached
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .hardware import get_gpu
+from .predictor import OpModel
+
+GEMM_COLS = ("m", "n", "k")
+ATTN_COLS = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step")
+
+
+class TableError(ValueError):
+    """A malformed per-operator table (missing columns, non-numeric or out-of-range cells)."""
+
+
+@dataclass
+class Table:
+    path: str
+    header: list[str]
+    rows: list[dict[str, str]]
+    kinds: list[str]  # per row
+
+
+def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: int) -> int:
+    raw = (row.get(col) or "").strip()
+    try:
+        v = float(raw)
+    except ValueError:
+        raise TableError(f"{path}:{lineno}: column {col!r} is not a number ({raw!r})") from None
+    if not math.isfinite(v) or not v.is_integer():
+        raise TableError(f"{path}:{lineno}: column {col!r} must be an integer, got {raw!r}")
+    if v < minimum:
+        raise TableError(f"{path}:{lineno}: column {col!r} must be >= {minimum}, got {raw!r}")
+    return int(v)
+
+
+def read_table(path: str | os.PathLike) -> Table:
+    p = str(path)
+    try:
+        with open(p, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = list(reader)
+    except UnicodeDecodeError:
+        raise TableError(f"{p}: not a text CSV file") from None
+    except csv.Error as e:
+        raise TableError(f"{p}: malformed CSV ({e})") from None
+    if not header:
+        raise TableError(f"{p}: empty file (no header row)")
+    if all(c in header for c in GEMM_COLS):
+        kinds = ["gemm"] * len(rows)
+    elif all(c in header for c in ATTN_COLS):
+        kinds = []
+        for i, r in enumerate(rows, start=2):
+            step = _int_cell(r, "step", i, p, 0)
+            kinds.append("prefill_attention" if step == 0 else "decode_attention")
+    else:
+        missing_g = [c for c in GEMM_COLS if c not in header]
+        missing_a = [c for c in ATTN_COLS if c not in header]
+        raise TableError(
+            f"{p}: cannot tell the operator kind: a GEMM table needs columns {', '.join(GEMM_COLS)} "
+            f"(missing {', '.join(missing_g)}); an attention table needs {', '.join(ATTN_COLS)} "
+            f"(missing {', '.join(missing_a)})"
+        )
+    return Table(p, header, rows, kinds)
+
+
+class RowPredictor:
+    """Predicts table rows; one OpModel per GPU name."""
+
+    def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True):
+        self.gpu_override = gpu
+        self.clock = clock
+        self.l2_warm = l2_warm
+        self._models: dict[str, OpModel] = {}
+        if gpu is not None:
+            get_gpu(gpu)  # fail early on an unknown name
+
+    def model_for(self, name: str) -> OpModel:
+        m = self._models.get(name)
+        if m is None:
+            m = self._models[name] = OpModel(get_gpu(name))
+        return m
+
+    def _f_clk(self, om: OpModel) -> float:
+        if isinstance(self.clock, (int, float)):
+            return float(self.clock) / om.gpu.boost_mhz
+        return 1.0
+
+    def predict_row(self, kind: str, row: dict[str, str], lineno: int, path: str) -> float:
+        """Predicted latency in milliseconds."""
+        name = self.gpu_override or (row.get("device") or "").strip()
+        if not name:
+            raise TableError(f"{path}:{lineno}: no GPU: pass --gpu or give a 'device' column")
+        om = self.model_for(name)
+        f = self._f_clk(om)
+        if kind == "gemm":
+            m, n, k = (_int_cell(row, c, lineno, path, 1) for c in GEMM_COLS)
+            t = om.gemm(m, n, k, f, l2_warm=self.l2_warm)
+            if self.clock == "forecast":
+                from .efficiency import forecast_clock_ratio
+
+                act = 2.0 * m * n * k / (t.t * om.peak)
+                f2 = forecast_clock_ratio(om.gpu.tdp_w, om.peak, om.gpu.arch, act)
+                t = om.gemm(m, n, k, f2, l2_warm=self.l2_warm)
+            return t.t * 1e3
+        b = _int_cell(row, "batch_size", lineno, path, 1)
+        isl = _int_cell(row, "isl", lineno, path, 1)
+        h = _int_cell(row, "num_heads", lineno, path, 1)
+        kv = _int_cell(row, "num_key_value_heads", lineno, path, 1)
+        d = _int_cell(row, "head_dim", lineno, path, 1)
+        step = _int_cell(row, "step", lineno, path, 0)
+        if h % kv:
+            raise TableError(f"{path}:{lineno}: num_heads {h} is not a multiple of num_key_value_heads {kv}")
+        if kind == "prefill_attention":
+            return om.prefill_attention([(isl, 0)] * b, h, kv, d, f).t * 1e3
+        return om.decode_attention(b * step, b, h, kv, d, f).t * 1e3
+
+    def predict_table(self, table: Table) -> list[float]:
+        return [self.predict_row(kind, row, i, table.path)
+                for i, (kind, row) in enumerate(zip(table.kinds, table.rows, strict=True), start=2)]
+
+
+def measured(table: Table) -> list[float] | None:
+    if "latency_ms" not in table.header:
+        return None
+    out = []
+    for i, r in enumerate(table.rows, start=2):
+        raw = (r.get("latency_ms") or "").strip()
+        try:
+            v = float(raw)
+        except ValueError:
+            raise TableError(f"{table.path}:{i}: column 'latency_ms' is not a number ({raw!r})") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise TableError(f"{table.path}:{i}: latency_ms must be positive, got {raw!r}")
+        out.append(v)
+    return out
+
+
+def mape(pred: Iterable[float], meas: Iterable[float]) -> float:
+    errs = [abs(p - m) / m for p, m in zip(pred, meas, strict=True)]
+    return 100.0 * sum(errs) / len(errs) if errs else float("nan")
+
+
+def in_core_region(kind: str, row: dict[str, str]) -> bool:
+    """The region the accuracy targets are stated on: GEMMs with N,K in [1024, 16384]; attention head_dim 128."""
+    if kind == "gemm":
+        return 1024 <= int(row["n"]) <= 16384 and 1024 <= int(row["k"]) <= 16384
+    return int(row["head_dim"]) == 128
+
+
+def find_tables(directory: str | os.PathLike) -> list[Path]:
+    d = Path(directory)
+    if not d.exists():
+        raise FileNotFoundError(f"no such directory: {directory}")
+    if d.is_file():
+        return [d]
+    files = sorted(p for p in d.rglob("*.csv"))
+    if not files:
+        raise TableError(f"{directory}: no CSV files found")
+    return files
+
+
+def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "boost",
+                    l2_warm: bool = True) -> list[dict]:
+    """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error."""
+    rp = RowPredictor(gpu, clock=clock, l2_warm=l2_warm)
+    results: list[dict] = []
+    for path in find_tables(directory):
+        table = read_table(path)
+        meas = measured(table)
+        if meas is None:
+            raise TableError(f"{path}: no latency_ms column to validate against")
+        pred = rp.predict_table(table)
+        groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for kind, row, p, m in zip(table.kinds, table.rows, pred, meas, strict=True):
+            groups.setdefault((kind, "all"), []).append((p, m))
+            if in_core_region(kind, row):
+                groups.setdefault((kind, "core"), []).append((p, m))
+        device = gpu or (table.rows[0].get("device", "") if table.rows else "")
+        for (kind, region), pm in sorted(groups.items()):
+            ps, ms = zip(*pm, strict=True)
+            apes = sorted(abs(p - m) / m * 100 for p, m in pm)
+            results.append({
+                "file": str(path), "gpu": device, "kind": kind, "region": region, "rows": len(pm),
+                "mape": mape(ps, ms), "median_ape": apes[len(apes) // 2],
+                "bias": 100.0 * sum((p - m) / m for p, m in pm) / len(pm),
+            })
+    return results
