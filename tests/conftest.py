@@ -1,0 +1,48 @@
+"""Shared test helpers: the engine lock (one real vLLM engine at a time on a 2-core machine), free ports,
+the shipped model configs."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+OPBENCH = SHARED / "data" / "opbench"
+VIDUR = SHARED / "data" / "vidur"
+MODELS = REPO / "m2live" / "data" / "models"
+ENGINE_LOCK = "/tmp/m2live-engine.lock"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def engine_lock() -> Iterator[None]:
+    """Hold the machine-wide lock that serialises real vLLM engines (tests, benchmarks, people)."""
+    with open(ENGINE_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def tiny_model_dir() -> Path:
+    return MODELS / "tiny-llama"
+
+
+@pytest.fixture
+def bench_model_dir() -> Path:
+    return MODELS / "bench-llama"
