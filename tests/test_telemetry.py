@@ -1,0 +1,126 @@
+"""Clock sources and the sampler thread (replay/fixed sources and a fake sysfs tree; no monkeypatching)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from m2live.telemetry import (
+    ClockReading,
+    ClockSampler,
+    CpufreqClockSource,
+    FixedClockSource,
+    NvmlClockSource,
+    ReplayClockSource,
+    TelemetryError,
+    open_best_source,
+)
+
+
+def _readings():
+    return [ClockReading(t=0.0, sm_mhz=m, max_mhz=1980.0, power_w=600.0, power_limit_w=700.0,
+                         event_reasons=4, temperature_c=60.0) for m in (1980.0, 1500.0, 1380.0)]
+
+
+def test_replay_cycles_and_stamps_time():
+    src = ReplayClockSource(_readings(), loop=True)
+    got = [src.read() for _ in range(4)]
+    assert [r.sm_mhz for r in got] == [1980.0, 1500.0, 1380.0, 1980.0]
+    assert all(r.t > 0 for r in got) and got[0].power_limit_w == 700.0 and got[1].event_reasons == 4
+    assert abs(got[2].ratio - 1380 / 1980) < 1e-12
+
+
+def test_replay_no_loop_repeats_last(tmp_path):
+    p = tmp_path / "clock.jsonl"
+    p.write_text("\n".join(json.dumps(r.to_dict()) for r in _readings()) + "\n")
+    src = ReplayClockSource(str(p), loop=False)
+    assert [src.read().sm_mhz for _ in range(5)] == [1980.0, 1500.0, 1380.0, 1380.0, 1380.0]
+
+
+def test_replay_bad_input(tmp_path):
+    with pytest.raises(TelemetryError):
+        ReplayClockSource([])
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"sm_mhz": "x"}\n')
+    with pytest.raises(TelemetryError):
+        ReplayClockSource(str(p))
+    with pytest.raises(TelemetryError):
+        ReplayClockSource(str(tmp_path / "missing.jsonl"))
+
+
+def test_fixed_source():
+    r = FixedClockSource(1200, 2400).read()
+    assert r.sm_mhz == 1200 and r.ratio == 0.5
+    with pytest.raises(TelemetryError):
+        FixedClockSource(0, 1)
+
+
+def test_cpufreq_from_fake_sysfs(tmp_path):
+    for i, (cur, mx) in enumerate([(2000000, 3000000), (1000000, 3000000)]):
+        d = tmp_path / "devices" / "system" / "cpu" / f"cpu{i}" / "cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_cur_freq").write_text(f"{cur}\n")
+        (d / "cpuinfo_max_freq").write_text(f"{mx}\n")
+    r = CpufreqClockSource(str(tmp_path)).read()
+    assert r.sm_mhz == 1500.0 and r.max_mhz == 3000.0
+    with pytest.raises(TelemetryError):
+        CpufreqClockSource(str(tmp_path / "nothing"))
+
+
+class _Flaky:
+    name = "flaky"
+
+    def __init__(self):
+        self.n = 0
+
+    def read(self) -> ClockReading:
+        self.n += 1
+        if self.n % 2 == 0:
+            raise OSError("device went away")
+        return ClockReading(t=time.monotonic(), sm_mhz=1000.0 + self.n, max_mhz=2000.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_sampler_caches_counts_errors_and_keeps_history():
+    s = ClockSampler(_Flaky(), period_s=0.005, history=1000).start()
+    try:
+        t0 = time.monotonic()
+        time.sleep(0.15)
+        r, age = s.latest()
+        assert r is not None and r.sm_mhz > 1000 and 0 <= age < 0.5
+        assert s.errors >= 3 and s.reads >= 3
+        hist = s.between(t0 - 1, time.monotonic())
+        assert len(hist) >= 3 and all(h.sm_mhz % 2 == 1 for h in hist)  # odd reads succeeded
+    finally:
+        s.stop()
+    assert not s.running
+
+
+def test_sampler_latest_is_cheap_and_never_blocks():
+    s = ClockSampler(ReplayClockSource(_readings()), period_s=0.01).start()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(10000):
+            s.latest()
+        assert (time.perf_counter() - t0) / 10000 < 20e-6
+    finally:
+        s.stop()
+    with pytest.raises(ValueError):
+        ClockSampler(FixedClockSource(1, 1), period_s=0)
+
+
+def test_nvml_absent_falls_back():
+    # this CI machine has no NVIDIA driver: NVML must fail cleanly and the best source must say so
+    try:
+        NvmlClockSource(0).close()
+        pytest.skip("an NVIDIA GPU is present")
+    except TelemetryError:
+        pass
+    src, why = open_best_source()
+    assert src.name in ("cpufreq", "fixed") and "nvml unavailable" in why
+    r = src.read()
+    assert r.sm_mhz > 0 and r.max_mhz > 0
