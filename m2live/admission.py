@@ -1,0 +1,302 @@
+"""SLO-aware admission: choose each engine step's token budget and admitted-request count from the predictor.
+
+Before every ``schedule()`` the plugin hands the controller a :class:`QueueView` (what is running, mid-prefill
+and waiting) and the live clock ratio. The controller picks the **largest** token budget whose corrected
+prediction stays under ``slo_s * (1 - margin)``:
+
+* the step is modelled the way vLLM's V1 scheduler fills it: every running decode takes one token, then the
+  running partial prefills take chunks in order, then waiting prompts are admitted first-come-first-served,
+  each taking ``min(prompt, budget left)`` (chunked prefill). Long prompts therefore make progress in chunks at
+  the head of the queue and are never skipped in favour of shorter ones;
+* the prediction is the mechanistic one at ``min(live f_clk, clock forecast of that step)`` (a heavier step
+  may pull the clock lower than the one measured on the lighter step before it), passed through the residual
+  tracker's upper quantile (``ResidualTracker.upper``) when a tracker is given: on a CPU engine the per-step host
+  floor the mechanistic model does not know is learnt there;
+* the search is a bracketed secant (Illinois) over the budget: the full demand is tried first (one
+  prediction when everything fits), then zero prefill, then a few interpolation steps; the step time is close to
+  linear in the prefill tokens, so a decision costs a handful of ``predict`` calls;
+* the budget never exceeds vLLM's configured ``max_num_batched_tokens`` / ``max_num_seqs``;
+* decodes of running requests always proceed: when even the decode-only step (no prefill) cannot meet the SLO
+  the step is allowed, the decision is flagged and counted, and no new requests are admitted until a step can
+  meet it again (running prefills also wait, so the running set drains).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from .efficiency import ENERGY_PER_FLOP
+from .predictor import Prediction, Predictor
+from .step import Step
+
+
+class ResidualModel(Protocol):
+    """What the controller needs of ``m2live.residuals.ResidualTracker``."""
+
+    def upper(self, prediction: Prediction, step: Step, q: float = 0.95) -> float: ...
+
+
+@dataclass
+class QueueView:
+    """The scheduler's state just before ``schedule()``, as the admission controller sees it."""
+
+    decode_contexts: list[int]  # running requests that decode this step: tokens already computed
+    partial_prefills: list[tuple[int, int]]  # running requests mid-prefill: (remaining prompt tokens, computed)
+    waiting_prompts: list[int]  # waiting requests' prompt lengths, in scheduling order
+    max_num_batched_tokens: int  # vLLM's configured limits (never exceed)
+    max_num_seqs: int
+
+    @property
+    def num_running(self) -> int:
+        return len(self.decode_contexts) + len(self.partial_prefills)
+
+    @property
+    def prefill_demand(self) -> int:
+        """Prefill tokens the queue could use this step if the limits allowed (before any budget)."""
+        room = max(0, self.max_num_seqs - self.num_running)
+        return sum(r for r, _ in self.partial_prefills) + sum(self.waiting_prompts[:room])
+
+
+@dataclass
+class Decision:
+    token_budget: int  # set as scheduler.max_num_scheduled_tokens for this step
+    max_active: int  # set as scheduler.max_num_active_reqs for this step
+    predicted_s: float  # corrected (upper-quantile) prediction of the step this budget allows
+    flagged: bool  # no budget meets the SLO: decodes run anyway, admissions stopped
+    evaluations: int = 0  # predictions spent on this decision
+    prefill_tokens: int = 0  # prefill tokens the budget leaves after the decodes
+    admitted: int = 0  # waiting requests this budget admits (at least one token each)
+
+
+class _PlannedStep(Step):
+    """A Step built by the controller: already validated, with the views the predictor reads precomputed.
+
+    ``Step.__init__`` validates every sequence, and its properties rescan the sequences on every access; with
+    a hundred decodes that would cost more than the prediction itself. ``dec_seqs`` is the decodes' part of
+    ``seqs``, built once per decision.
+    """
+
+    def __init__(self, decodes: list[int], dec_seqs: tuple[tuple[int, int], ...],
+                 prefills: list[tuple[int, int]]) -> None:
+        object.__setattr__(self, "seqs", tuple(prefills) + dec_seqs)
+        object.__setattr__(self, "prefill", (True,) * len(prefills) + (False,) * len(decodes))
+        object.__setattr__(self, "_pre", prefills)
+        object.__setattr__(self, "_dec", decodes)
+        object.__setattr__(self, "_ntok", sum(n for n, _ in prefills) + len(decodes))
+
+    @property
+    def prefill_seqs(self) -> list[tuple[int, int]]:
+        return self._pre
+
+    @property
+    def decode_contexts(self) -> list[int]:
+        return self._dec
+
+    @property
+    def num_tokens(self) -> int:
+        return self._ntok
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class _Plan:
+    budget: int
+    step: Step
+    admitted: int
+    prefill_tokens: int
+
+
+class AdmissionController:
+    """Per-step token budget and admission under a step-latency SLO (see the module docstring)."""
+
+    def __init__(self, predictor: Predictor, residuals: ResidualModel | None, slo_s: float | None,
+                 margin: float = 0.1, *, quantile: float = 0.95, min_chunk: int = 16,
+                 max_evaluations: int = 7) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"admission margin must be in [0, 1), got {margin}")
+        if not 0.5 <= quantile < 1.0:
+            raise ValueError(f"admission quantile must be in [0.5, 1), got {quantile}")
+        if min_chunk < 1:
+            raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+        self.predictor = predictor
+        self.residuals = residuals
+        self.margin = margin
+        self.quantile = quantile
+        self.min_chunk = min_chunk
+        self.max_evaluations = max(3, max_evaluations)
+        self._lock = threading.Lock()  # set_slo may come from the MQTT thread
+        self.slo_s: float | None = None
+        self.set_slo(slo_s)
+        self.violations = 0  # measured steps over the SLO (see observe)
+        self.flagged = 0  # decisions where even the decode-only step could not meet the SLO
+        self.decisions = 0
+        self.last: Decision | None = None
+        self._forecasts_clock = ENERGY_PER_FLOP.get(predictor.gpu.arch, 0.0) > 0.0
+        self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
+
+    # ---- configuration ----------------------------------------------------------------------------------
+    def set_slo(self, slo_s: float | None) -> None:
+        """Change the step SLO (seconds) live; ``None`` turns admission off (decide returns the limits)."""
+        if slo_s is not None:
+            if isinstance(slo_s, bool) or not isinstance(slo_s, int | float) or not slo_s > 0:
+                raise ValueError(f"SLO must be a positive number of seconds, got {slo_s!r}")
+            slo_s = float(slo_s)
+        with self._lock:
+            self.slo_s = slo_s
+
+    @property
+    def target_s(self) -> float | None:
+        """The bound the corrected prediction must stay under: slo · (1 − margin)."""
+        slo = self.slo_s
+        return None if slo is None else slo * (1.0 - self.margin)
+
+    def observe(self, measured_s: float) -> bool:
+        """Count a measured step against the SLO in force; returns True if it violated it."""
+        slo = self.slo_s
+        if slo is not None and measured_s > slo:
+            self.violations += 1
+            return True
+        return False
+
+    # ---- the decision ----------------------------------------------------------------------------------
+    def decide(self, view: QueueView, f_clk: float | None) -> Decision:
+        """Budget and admission cap for the next step. ``f_clk``: live clock ratio (1.0 = boost), a clock in
+        MHz (> 5), or None for the power-cap forecast."""
+        limit_tokens = int(view.max_num_batched_tokens)
+        limit_seqs = int(view.max_num_seqs)
+        if limit_tokens < 1 or limit_seqs < 1:
+            raise ValueError(f"configured limits must be positive, got max_num_batched_tokens={limit_tokens}, "
+                             f"max_num_seqs={limit_seqs}")
+        self.decisions += 1
+        target = self.target_s
+        if target is None:
+            d = Decision(limit_tokens, limit_seqs, 0.0, False)
+            self.last = d
+            return d
+        f_live = self._clock_ratio(f_clk)
+        decodes = [int(c) for c in view.decode_contexts]
+        self._dec_cache = (decodes, tuple((1, c) for c in decodes))
+        n_dec = min(len(decodes), limit_tokens)
+        running = view.num_running
+        demand = min(limit_tokens, n_dec + view.prefill_demand)
+        evals = 0
+
+        # 1. everything the limits allow (the common light step: one prediction). The clock is the lower of
+        # the live one and the power-cap forecast for this, the heaviest candidate step; lighter candidates
+        # keep that clock (a conservative choice that saves one forecast per candidate).
+        hi = self._plan(view, demand, limit_seqs)
+        f = self._step_clock(hi.step, f_live)
+
+        def cost(plan: _Plan) -> float:
+            nonlocal evals
+            evals += 1
+            return self._corrected(plan.step, f)
+
+        t_hi = cost(hi)
+        if t_hi <= target or hi.prefill_tokens == 0:  # fits, or decodes only (flagged if even that is late)
+            return self._done(hi, t_hi, running, limit_seqs, flagged=t_hi > target, evals=evals)
+        # 2. the floor: decodes only (or the smallest chunk when nothing decodes)
+        floor_budget = n_dec if n_dec > 0 else min(demand, self.min_chunk)
+        lo = self._plan(view, floor_budget, limit_seqs)
+        t_lo = cost(lo)
+        if t_lo > target:
+            # cannot meet the SLO even without new prefill: let the decodes run, stop admitting
+            stop = self._plan(view, floor_budget, limit_seqs, admit=n_dec == 0 and running == 0)
+            t = t_lo if stop.budget == lo.budget and stop.admitted == lo.admitted else cost(stop)
+            return self._done(stop, t, running, limit_seqs, flagged=True, evals=evals)
+        # 3. bracketed secant (Illinois) between a feasible lo and an infeasible hi
+        tol = max(4, demand // 64)
+        g_lo, g_hi = t_lo - target, t_hi - target
+        side = 0
+        while hi.budget - lo.budget > tol and evals < self.max_evaluations:
+            frac = -g_lo / (g_hi - g_lo) if g_hi != g_lo else 0.5
+            x = lo.budget + int(frac * (hi.budget - lo.budget))
+            x = min(max(x, lo.budget + 1), hi.budget - 1)
+            mid = self._plan(view, x, limit_seqs)
+            t_mid = cost(mid)
+            g_mid = t_mid - target
+            if g_mid <= 0:
+                lo, t_lo, g_lo = mid, t_mid, g_mid
+                if side == -1:
+                    g_hi /= 2.0
+                side = -1
+            else:
+                hi, t_hi, g_hi = mid, t_mid, g_mid
+                if side == 1:
+                    g_lo /= 2.0
+                side = 1
+        return self._done(lo, t_lo, running, limit_seqs, flagged=False, evals=evals)
+
+    # ---- helpers --------------------------------------------------------------------------------------
+    def _clock_ratio(self, f_clk: float | None) -> float | None:
+        if f_clk is None:
+            return None
+        if not f_clk > 0:
+            raise ValueError(f"f_clk must be positive, got {f_clk}")
+        if f_clk > 5.0:  # MHz, as NVML reports it
+            return f_clk / self.predictor.gpu.boost_mhz
+        return float(f_clk)
+
+    def _step_clock(self, step: Step, f_live: float | None) -> float:
+        """min(live clock, power-cap forecast for ``step``); devices without a power model keep the live one."""
+        if f_live is None:
+            return self.predictor.forecast_f_clk(step)
+        if self._forecasts_clock:
+            return min(f_live, self.predictor.forecast_f_clk(step))
+        return f_live
+
+    def _corrected(self, step: Step, f: float) -> float:
+        """Corrected upper prediction of ``step`` at clock ratio ``f``."""
+        pred = self.predictor._predict(step, f, "live", breakdown=False)
+        if self.residuals is None:
+            return pred.total_s
+        return float(self.residuals.upper(pred, step, self.quantile))
+
+    def _plan(self, view: QueueView, budget: int, limit_seqs: int, admit: bool = True) -> _Plan:
+        """The step vLLM's scheduler builds with this token budget: decodes, running chunks, then admissions."""
+        decodes, dec_seqs = self._dec_cache
+        if len(decodes) > budget:
+            decodes, dec_seqs = decodes[:budget], dec_seqs[:budget]
+        left = budget - len(decodes)
+        prefills: list[tuple[int, int]] = []
+        used = 0
+        for remaining, computed in view.partial_prefills:
+            if left <= 0:
+                break
+            c = min(remaining, left)
+            prefills.append((c, computed))
+            left -= c
+            used += c
+        admitted = 0
+        if admit:
+            room = limit_seqs - view.num_running
+            for prompt in view.waiting_prompts:
+                if left <= 0 or admitted >= room:
+                    break
+                c = min(prompt, left)
+                if c <= 0:
+                    break
+                prefills.append((c, 0))
+                left -= c
+                used += c
+                admitted += 1
+        return _Plan(budget=len(decodes) + used, step=_PlannedStep(decodes, dec_seqs, prefills),
+                     admitted=admitted, prefill_tokens=used)
+
+    def _done(self, plan: _Plan, t: float, running: int, limit_seqs: int, flagged: bool, evals: int) -> Decision:
+        if flagged:
+            self.flagged += 1
+        budget = max(1, plan.budget)
+        max_active = min(limit_seqs, max(1, running + plan.admitted))
+        d = Decision(token_budget=budget, max_active=max_active, predicted_s=t, flagged=flagged,
+                     evaluations=evals, prefill_tokens=plan.prefill_tokens, admitted=plan.admitted)
+        self.last = d
+        return d
+
+
+__all__ = ["AdmissionController", "Decision", "QueueView"]
