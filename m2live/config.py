@@ -1,0 +1,260 @@
+"""Plugin configuration: ``M2LIVE_*`` environment variables and/or a JSON or TOML file named by ``M2LIVE_CONFIG``.
+
+The file uses the field names below (``slo_ms = 40``, ``prom_port = 9500``, ...) or the environment names
+(``M2LIVE_SLO_MS``); environment variables win over the file. Every option, its variable and its default is
+listed in ``OPTIONS`` (the README table is generated from it: ``python -m m2live.config``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value (one clear line)."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+# field -> (environment variable, type, default text for the README, one-line help)
+OPTIONS: dict[str, tuple[str, str, str, str]] = {
+    "enable": ("M2LIVE_ENABLE", "bool", "0", "turn the plugin on: the general plugin makes vLLM use the m2live "
+               "scheduler (same as `--scheduler-cls vllm_hooks.scheduler:auto`)"),
+    "gpu": ("M2LIVE_GPU", "str", "NVML name of GPU 0; `cpu` device without a GPU",
+            "device to predict for (NVML name or alias, e.g. `NVIDIA H100 80GB HBM3`, `h100-sxm`, `cpu`)"),
+    "gpu_index": ("M2LIVE_GPU_INDEX", "int", "0 (+ local data-parallel rank)", "NVML index of the GPU whose "
+                  "clock is sampled"),
+    "model": ("M2LIVE_MODEL", "str", "vLLM's own model config (hf_config)",
+              "model shape override: preset name or path to a HF config.json / model directory"),
+    "slo_ms": ("M2LIVE_SLO_MS", "float", "unset (admission off)", "step-latency SLO in ms; setting it turns "
+               "admission control on"),
+    "slo_margin": ("M2LIVE_SLO_MARGIN", "float", "0.1", "safety margin of the admission controller "
+                   "(fraction of the SLO kept free)"),
+    "admission": ("M2LIVE_ADMISSION", "bool", "1 when an SLO is set", "admission control on/off (needs an SLO)"),
+    "prom_enable": ("M2LIVE_PROM", "bool", "1", "serve Prometheus metrics"),
+    "prom_host": ("M2LIVE_PROM_HOST", "str", "127.0.0.1", "Prometheus exporter bind address"),
+    "prom_port": ("M2LIVE_PROM_PORT", "int", "9400", "Prometheus exporter port; data-parallel engine i uses "
+                  "port + i"),
+    "mqtt_url": ("M2LIVE_MQTT_URL", "str", "unset (MQTT off)", "MQTT broker, e.g. `mqtt://127.0.0.1:1883` "
+                 "(`mqtts://` for TLS)"),
+    "mqtt_instance": ("M2LIVE_MQTT_INSTANCE", "str", "<hostname>-<engine>", "instance name in the topics "
+                      "`m2live/<instance>/...`"),
+    "mqtt_username": ("M2LIVE_MQTT_USERNAME", "str", "unset", "MQTT user name"),
+    "mqtt_password": ("M2LIVE_MQTT_PASSWORD", "str", "unset", "MQTT password"),
+    "mqtt_tls_ca": ("M2LIVE_MQTT_TLS_CA", "str", "unset", "CA bundle for MQTT over TLS"),
+    "mqtt_tls_cert": ("M2LIVE_MQTT_TLS_CERT", "str", "unset", "client certificate for MQTT over TLS"),
+    "mqtt_tls_key": ("M2LIVE_MQTT_TLS_KEY", "str", "unset", "client key for MQTT over TLS"),
+    "trace": ("M2LIVE_TRACE", "str", "unset (no trace)", "JSONL file with one record per step "
+              "(data-parallel engine i > 0 writes `<stem>.dp<i><suffix>`)"),
+    "sample_ms": ("M2LIVE_SAMPLE_MS", "float", "20", "clock sampling period in ms (10-50 recommended)"),
+    "engine": ("M2LIVE_ENGINE", "str", "data-parallel rank (`0`)", "engine label on metrics and records"),
+    "residual_window": ("M2LIVE_RESIDUAL_WINDOW", "int", "256", "steps in the rolling residual statistics"),
+    "queue_size": ("M2LIVE_QUEUE_SIZE", "int", "4096", "bounded queue of the trace writer (drops are counted)"),
+    "fault": ("M2LIVE_FAULT", "str", "unset", "test only: `predict` or `predict:N` makes the predictor raise "
+              "(every N-th step) to prove hook errors are contained"),
+}
+
+
+@dataclass
+class M2liveConfig:
+    enable: bool = False
+    gpu: str | None = None
+    gpu_index: int | None = None
+    model: str | None = None
+    slo_ms: float | None = None
+    slo_margin: float = 0.1
+    admission: bool | None = None  # None: on iff an SLO is set
+    prom_enable: bool = True
+    prom_host: str = "127.0.0.1"
+    prom_port: int = 9400
+    mqtt_url: str | None = None
+    mqtt_instance: str | None = None
+    mqtt_username: str | None = None
+    mqtt_password: str | None = None
+    mqtt_tls_ca: str | None = None
+    mqtt_tls_cert: str | None = None
+    mqtt_tls_key: str | None = None
+    trace: str | None = None
+    sample_ms: float = 20.0
+    engine: str | None = None  # None: the data-parallel rank
+    residual_window: int = 256
+    queue_size: int = 4096
+    fault: str | None = None
+    source: list[str] = field(default_factory=list)  # where values came from (file path, "env")
+
+    # --- derived ----------------------------------------------------------------------------------
+    @property
+    def admission_on(self) -> bool:
+        if self.slo_ms is None:
+            return False
+        return True if self.admission is None else self.admission
+
+    @property
+    def fault_every(self) -> int:
+        """0: no fault injection; N: the predictor raises on every N-th step."""
+        if not self.fault:
+            return 0
+        kind, _, n = self.fault.partition(":")
+        return int(n) if n else 1
+
+    def for_engine(self, index: int) -> M2liveConfig:
+        """This config as data-parallel engine ``index`` sees it (label, port, trace path, instance)."""
+        c = replace(self, source=list(self.source))
+        if c.engine is None:
+            c.engine = str(index)
+        if index:
+            c.prom_port = self.prom_port + index
+            if c.trace:
+                p = Path(c.trace)
+                c.trace = str(p.with_name(f"{p.stem}.dp{index}{p.suffix}"))
+        if c.mqtt_instance is None:
+            c.mqtt_instance = f"{_hostname()}-{c.engine}"
+        return c
+
+    # --- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> M2liveConfig:
+        env = os.environ if environ is None else environ
+        raw: dict[str, object] = {}
+        sources: list[str] = []
+        path = env.get("M2LIVE_CONFIG")
+        if path:
+            raw.update(_read_file(path))
+            sources.append(path)
+        by_env = {v[0]: k for k, v in OPTIONS.items()}
+        from_env = {by_env[k]: v for k, v in env.items() if k in by_env}
+        if from_env:
+            sources.append("env")
+        raw.update(from_env)
+        return cls.from_dict(raw, sources)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, object], sources: list[str] | None = None) -> M2liveConfig:
+        kw: dict[str, object] = {}
+        names = {f.name for f in fields(cls)} - {"source"}
+        by_env = {v[0]: k for k, v in OPTIONS.items()}
+        for key, value in raw.items():
+            name = by_env.get(key, key)
+            if name not in names:
+                raise ConfigError(f"unknown m2live option {key!r} (known: {', '.join(sorted(names))})")
+            kw[name] = _convert(name, value)
+        cfg = cls(**kw, source=list(sources or []))
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.slo_ms is not None and not (0 < self.slo_ms < 1e6):
+            raise ConfigError(f"M2LIVE_SLO_MS must be a positive number of milliseconds, got {self.slo_ms}")
+        if not (0 <= self.slo_margin < 1):
+            raise ConfigError(f"M2LIVE_SLO_MARGIN must be within [0, 1), got {self.slo_margin}")
+        if not (0 < self.prom_port < 65536):
+            raise ConfigError(f"M2LIVE_PROM_PORT must be a TCP port (1-65535), got {self.prom_port}")
+        if not (1 <= self.sample_ms <= 10000):
+            raise ConfigError(f"M2LIVE_SAMPLE_MS must be within 1 .. 10000 ms, got {self.sample_ms}")
+        if self.residual_window < 8:
+            raise ConfigError(f"M2LIVE_RESIDUAL_WINDOW must be >= 8, got {self.residual_window}")
+        if self.queue_size < 1:
+            raise ConfigError(f"M2LIVE_QUEUE_SIZE must be >= 1, got {self.queue_size}")
+        if self.gpu_index is not None and self.gpu_index < 0:
+            raise ConfigError(f"M2LIVE_GPU_INDEX must be >= 0, got {self.gpu_index}")
+        if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):
+            raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {self.mqtt_url!r}")
+        if self.fault:
+            kind, _, n = self.fault.partition(":")
+            if kind != "predict" or (n and not (n.isdigit() and int(n) > 0)):
+                raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
+
+
+def _hostname() -> str:
+    try:
+        return socket.gethostname().split(".")[0] or "m2live"
+    except OSError:
+        return "m2live"
+
+
+def _read_file(path: str) -> dict[str, object]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"M2LIVE_CONFIG: cannot read {path}: {e.strerror or e}") from None
+    try:
+        if p.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                data = tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"M2LIVE_CONFIG: {path} is neither valid JSON nor TOML ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("m2live"), dict):
+        data = data["m2live"]  # allow a [m2live] table
+    if not isinstance(data, dict):
+        raise ConfigError(f"M2LIVE_CONFIG: {path} must hold a table/object of options")
+    return data
+
+
+def _convert(name: str, value: object) -> object:
+    env, kind, _, _ = OPTIONS[name]
+    if value is None:
+        return None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        s = str(value).strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ConfigError(f"{env} must be 0/1/true/false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ConfigError(f"{env} must be an integer, got {value!r}")
+        try:
+            f = float(str(value).strip())
+            if not f.is_integer():
+                raise ValueError
+            return int(f)
+        except ValueError:
+            raise ConfigError(f"{env} must be an integer, got {value!r}") from None
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ConfigError(f"{env} must be a number, got {value!r}")
+        s = str(value).strip()
+        if name == "slo_ms" and s.lower() in ("", "none", "off"):
+            return None
+        try:
+            f = float(s)
+        except ValueError:
+            raise ConfigError(f"{env} must be a number, got {value!r}") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise ConfigError(f"{env} must be finite, got {value!r}")
+        return f
+    s = str(value).strip()
+    return s or None
+
+
+def readme_table() -> str:
+    """The README's option table (markdown)."""
+    lines = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    lines.append("| `M2LIVE_CONFIG` | unset | JSON or TOML file with the options below (field names or "
+                 "variable names); environment variables win |")
+    for _, (env, _, default, help_text) in OPTIONS.items():
+        lines.append(f"| `{env}` | {default} | {help_text} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(readme_table())
