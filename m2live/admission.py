@@ -116,7 +116,7 @@ class AdmissionController:
 
     def __init__(self, predictor: Predictor, residuals: ResidualModel | None, slo_s: float | None,
                  margin: float = 0.1, *, quantile: float = 0.95, min_chunk: int = 16,
-                 max_evaluations: int = 7) -> None:
+                 max_evaluations: int = 6) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"admission margin must be in [0, 1), got {margin}")
         if not 0.5 <= quantile < 1.0:
@@ -185,6 +185,10 @@ class AdmissionController:
         running = view.num_running
         demand = min(limit_tokens, n_dec + view.prefill_demand)
         evals = 0
+        if demand <= 0:  # nothing to schedule: the budget is moot, keep vLLM's own limits
+            d = Decision(limit_tokens, limit_seqs, 0.0, False)
+            self.last = d
+            return d
 
         # 1. everything the limits allow (the common light step: one prediction). The clock is the lower of
         # the live one and the power-cap forecast for this, the heaviest candidate step; lighter candidates
@@ -209,27 +213,32 @@ class AdmissionController:
             stop = self._plan(view, floor_budget, limit_seqs, admit=n_dec == 0 and running == 0)
             t = t_lo if stop.budget == lo.budget and stop.admitted == lo.admitted else cost(stop)
             return self._done(stop, t, running, limit_seqs, flagged=True, evals=evals)
-        # 3. bracketed secant (Illinois) between a feasible lo and an infeasible hi
-        tol = max(4, demand // 64)
+        # 3. bracketed secant between a feasible lo and an infeasible hi; two guesses in a row on the same
+        # side (a kink: tile waves, the host floor) switch to bisection. Candidates inside the bracket use the
+        # clock forecast of the first guess, which is closer to the answer than the heaviest step's.
+        tol = max(4, n_dec // 8, lo.budget // 32)  # ~3 % of the answer
         g_lo, g_hi = t_lo - target, t_hi - target
-        side = 0
+        last_side, same = 0, 0
+        first = True
         while hi.budget - lo.budget > tol and evals < self.max_evaluations:
-            frac = -g_lo / (g_hi - g_lo) if g_hi != g_lo else 0.5
-            x = lo.budget + int(frac * (hi.budget - lo.budget))
+            if same >= 2 or g_hi <= g_lo:
+                x = (lo.budget + hi.budget) // 2
+            else:
+                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget))
             x = min(max(x, lo.budget + 1), hi.budget - 1)
             mid = self._plan(view, x, limit_seqs)
+            if first and self._forecasts_clock:
+                f = self._step_clock(mid.step, f_live)
+            first = False
             t_mid = cost(mid)
             g_mid = t_mid - target
-            if g_mid <= 0:
+            side = -1 if g_mid <= 0 else 1
+            same = same + 1 if side == last_side else 1
+            last_side = side
+            if side < 0:
                 lo, t_lo, g_lo = mid, t_mid, g_mid
-                if side == -1:
-                    g_hi /= 2.0
-                side = -1
             else:
                 hi, t_hi, g_hi = mid, t_mid, g_mid
-                if side == 1:
-                    g_lo /= 2.0
-                side = 1
         return self._done(lo, t_lo, running, limit_seqs, flagged=False, evals=evals)
 
     # ---- helpers --------------------------------------------------------------------------------------

@@ -1,0 +1,259 @@
+"""Admission controller: the budget follows the corrected prediction, stays inside vLLM's limits, lets decodes
+run, flags what cannot be met, and costs a handful of predictions."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import pytest
+
+from m2live import Predictor, Step
+from m2live.admission import AdmissionController, Decision, QueueView
+from m2live.residuals import ResidualTracker
+
+LIMIT_TOKENS = 8192
+LIMIT_SEQS = 256
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Predictor:
+    return Predictor.for_gpu("NVIDIA H100 80GB HBM3", model="meta-llama/Llama-3.1-8B")
+
+
+def busy_view(decode_ctx: int = 1000, decodes: int = 32) -> QueueView:
+    """Decodes running, one request mid-prefill, a queue of prompts: more prefill demand than any SLO allows."""
+    return QueueView(
+        decode_contexts=[decode_ctx] * decodes,
+        partial_prefills=[(3000, 1024)],
+        waiting_prompts=[2000, 700, 4000, 300, 1500] * 4,
+        max_num_batched_tokens=LIMIT_TOKENS,
+        max_num_seqs=LIMIT_SEQS,
+    )
+
+
+def corrected(c: AdmissionController, view: QueueView, budget: int, f_clk: float) -> float:
+    """The controller's own corrected prediction of the step a budget allows (independent re-evaluation)."""
+    c._dec_cache = ([int(x) for x in view.decode_contexts], tuple((1, int(x)) for x in view.decode_contexts))
+    plan = c._plan(view, budget, view.max_num_seqs)
+    step = Step(plan.step.seqs, prefill=plan.step.prefill)  # a plain, validated Step
+    f = c._step_clock(step, f_clk)
+    pred = c.predictor.predict(step, f_clk=f)
+    return pred.total_s if c.residuals is None else c.residuals.upper(pred, step, c.quantile)
+
+
+def test_budget_is_largest_under_the_target(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=0.040, margin=0.1)
+    view = busy_view()
+    d = c.decide(view, 1.0)
+    assert not d.flagged
+    assert len(view.decode_contexts) < d.token_budget < LIMIT_TOKENS
+    assert d.predicted_s <= 0.036 + 1e-12
+    assert corrected(c, view, d.token_budget, 1.0) <= 0.036 * 1.001
+    # "largest": a few percent more tokens would break the target
+    bigger = d.token_budget + max(8, d.token_budget // 16)
+    assert corrected(c, view, bigger, 1.0) > 0.036 * 0.97
+
+
+def test_budget_shrinks_as_decode_context_grows(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=0.040)
+    budgets = [c.decide(busy_view(decode_ctx=ctx, decodes=64), 1.0).token_budget
+               for ctx in (256, 2048, 8192, 16384)]
+    assert all(a >= b for a, b in zip(budgets, budgets[1:], strict=False)), budgets
+    assert budgets[-1] < 0.8 * budgets[0], budgets
+
+
+def test_budget_shrinks_as_the_clock_drops(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=0.040)
+    budgets = [c.decide(busy_view(), f).token_budget for f in (1.0, 0.8, 0.6, 0.45)]
+    assert all(a >= b for a, b in zip(budgets, budgets[1:], strict=False)), budgets
+    assert budgets[-1] < 0.7 * budgets[0], budgets
+    # a clock in MHz (as NVML reports it) means the same as its ratio to boost
+    boost = predictor.gpu.boost_mhz
+    assert c.decide(busy_view(), 0.6 * boost).token_budget == c.decide(busy_view(), 0.6).token_budget
+
+
+def test_forecast_clock_caps_the_live_clock_for_heavy_steps(predictor: Predictor) -> None:
+    """Live clock at boost (measured on a light step) but the heavy candidate would drag it down: the
+    controller must price the heavy step at the forecast clock, not at boost."""
+    c = AdmissionController(predictor, None, slo_s=0.200)
+    d = c.decide(busy_view(), 1.0)
+    plan_step = Step.build([(d.token_budget - 32, 0)], [1000] * 32)
+    assert predictor.forecast_f_clk(plan_step) < 1.0
+    boost_only = predictor.predict_total(plan_step, 1.0)
+    assert d.predicted_s > boost_only  # priced at the lower forecast clock
+
+
+def feed(tracker: ResidualTracker, predictor: Predictor, factor: float, host_s: float, n: int = 96) -> None:
+    rng = random.Random(7)
+    for _ in range(n):
+        step = Step.build([(rng.randint(16, 2048), rng.randint(0, 1024))] * rng.randint(0, 1),
+                          [rng.randint(100, 4000) for _ in range(rng.randint(1, 64))])
+        pred = predictor.predict(step, f_clk=1.0)
+        tracker.update(step, pred, pred.total_s * factor + host_s)
+
+
+def test_budget_shrinks_as_residuals_rise(predictor: Predictor) -> None:
+    budgets = []
+    for factor, host in ((1.0, 0.0), (1.3, 0.002), (2.0, 0.006)):
+        tracker = ResidualTracker()
+        feed(tracker, predictor, factor, host)
+        c = AdmissionController(predictor, tracker, slo_s=0.040)
+        d = c.decide(busy_view(), 1.0)
+        assert not d.flagged
+        assert d.predicted_s <= 0.036 + 1e-12
+        budgets.append(d.token_budget)
+    assert budgets[0] > budgets[1] > budgets[2], budgets
+    assert budgets[2] < 0.6 * budgets[0], budgets
+
+
+def test_noisier_residuals_shrink_the_budget(predictor: Predictor) -> None:
+    """Same mean correction, wider spread: the upper quantile (not the mean) is what must fit."""
+    quiet, noisy = ResidualTracker(), ResidualTracker()
+    rng = random.Random(3)
+    for i in range(200):
+        step = Step.build([], [rng.randint(100, 4000) for _ in range(rng.randint(1, 64))])
+        pred = predictor.predict(step, f_clk=1.0)
+        quiet.update(step, pred, pred.total_s * 1.2)
+        noisy.update(step, pred, pred.total_s * 1.2 * (1.3 if i % 4 == 0 else 0.9))
+    b_quiet = AdmissionController(predictor, quiet, slo_s=0.040).decide(busy_view(), 1.0).token_budget
+    b_noisy = AdmissionController(predictor, noisy, slo_s=0.040).decide(busy_view(), 1.0).token_budget
+    assert b_noisy < b_quiet
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_never_exceeds_configured_limits(predictor: Predictor, seed: int) -> None:
+    rng = random.Random(seed)
+    c = AdmissionController(predictor, None, slo_s=0.030)
+    for _ in range(150):
+        limit_tokens = rng.choice([1, 16, 64, 512, 2048, 8192])
+        limit_seqs = rng.choice([1, 4, 32, 256])
+        n_dec = rng.randint(0, limit_seqs)
+        view = QueueView(
+            decode_contexts=[rng.randint(1, 30000) for _ in range(n_dec)],
+            partial_prefills=[(rng.randint(1, 5000), rng.randint(0, 5000))] * rng.randint(0, 1),
+            waiting_prompts=[rng.randint(1, 8000) for _ in range(rng.randint(0, 40))],
+            max_num_batched_tokens=limit_tokens, max_num_seqs=limit_seqs,
+        )
+        c.set_slo(rng.choice([0.001, 0.010, 0.030, 1.0, 100.0]))
+        d = c.decide(view, rng.choice([0.4, 0.7, 1.0]))
+        assert 1 <= d.token_budget <= limit_tokens
+        assert 1 <= d.max_active <= limit_seqs
+        # decodes of running requests always proceed (as far as vLLM's own limit lets them)
+        assert d.token_budget >= min(n_dec, limit_tokens)
+        assert d.max_active >= min(view.num_running, limit_seqs)
+
+
+def test_generous_slo_gives_the_whole_demand(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=10.0)
+    view = busy_view()
+    d = c.decide(view, 1.0)
+    assert d.token_budget == LIMIT_TOKENS and d.evaluations == 1
+    light = QueueView([500] * 4, [], [100, 200], LIMIT_TOKENS, LIMIT_SEQS)
+    d = c.decide(light, 1.0)
+    assert d.token_budget == 4 + 300 and d.max_active == 6 and d.admitted == 2
+
+
+def test_admission_off_returns_the_limits(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=None)
+    d = c.decide(busy_view(), 1.0)
+    assert (d.token_budget, d.max_active, d.flagged) == (LIMIT_TOKENS, LIMIT_SEQS, False)
+    c.set_slo(0.040)
+    assert c.decide(busy_view(), 1.0).token_budget < LIMIT_TOKENS
+    c.set_slo(None)
+    assert c.decide(busy_view(), 1.0).token_budget == LIMIT_TOKENS
+
+
+def test_zero_prefill_fallback_flags_and_stops_admissions(predictor: Predictor) -> None:
+    # 200 decodes at 30k context (~0.27 s of KV reads) cannot finish in 5 ms on an H100 even with no prefill at all
+    heavy = QueueView([30000] * 200, [(4000, 100)], [500] * 10, LIMIT_TOKENS, LIMIT_SEQS)
+    c = AdmissionController(predictor, None, slo_s=0.005)
+    d = c.decide(heavy, 1.0)
+    assert d.flagged and c.flagged == 1
+    assert d.token_budget == 200  # every running decode proceeds, nothing else
+    assert d.max_active == heavy.num_running  # no new admissions
+    assert d.admitted == 0 and d.prefill_tokens == 0
+    assert c.decide(heavy, 1.0).flagged and c.flagged == 2
+    # once the SLO can be met again, admissions resume
+    c.set_slo(2.0)
+    d = c.decide(heavy, 1.0)
+    assert not d.flagged and d.max_active > heavy.num_running and c.flagged == 2
+
+
+def test_idle_engine_still_makes_progress_when_nothing_fits(predictor: Predictor) -> None:
+    """Nothing running and an SLO below any step: admit one request in a minimal chunk (flagged)."""
+    c = AdmissionController(predictor, None, slo_s=1e-6, min_chunk=16)
+    d = c.decide(QueueView([], [], [4000, 10], LIMIT_TOKENS, LIMIT_SEQS), 1.0)
+    assert d.flagged and d.token_budget == 16 and d.max_active == 1
+
+
+def test_long_prompt_progresses_in_chunks_and_is_not_starved(predictor: Predictor) -> None:
+    """Simulate the scheduler: a long prompt at the head of the queue under a tight SLO, with short prompts
+    behind it. Every step it gets a chunk; it finishes; the short ones are served after it (FCFS)."""
+    c = AdmissionController(predictor, None, slo_s=0.025)
+    decodes = [800] * 48
+    long_left, long_done = 12000, 0
+    waiting = [12000, 50, 60, 70]
+    admitted_long = False
+    steps = 0
+    while long_left > 0:
+        steps += 1
+        assert steps < 200, "long prompt starved"
+        partial = [(long_left, long_done)] if admitted_long else []
+        wait = waiting[1:] if admitted_long else waiting
+        d = c.decide(QueueView(decodes, partial, wait, LIMIT_TOKENS, LIMIT_SEQS), 1.0)
+        assert not d.flagged
+        chunk = min(long_left, d.token_budget - len(decodes))
+        assert chunk > 0
+        if not admitted_long:
+            admitted_long = True
+        # short prompts only get tokens once the long one has taken what it can
+        assert d.prefill_tokens == chunk or chunk == long_left
+        long_left -= chunk
+        long_done += chunk
+        decodes = [x + 1 for x in decodes]
+    assert steps > 3  # it really was chunked
+
+
+def test_violations_are_counted(predictor: Predictor) -> None:
+    c = AdmissionController(predictor, None, slo_s=0.040)
+    assert not c.observe(0.039)
+    assert c.observe(0.041)
+    assert c.violations == 1
+
+
+def test_decision_cost_is_a_handful_of_predictions(predictor: Predictor) -> None:
+    rng = random.Random(1)
+    tracker = ResidualTracker()
+    feed(tracker, predictor, 1.2, 0.001)
+    c = AdmissionController(predictor, tracker, slo_s=0.040)
+    times, ratios = [], []
+    for _ in range(300):
+        view = QueueView([rng.randint(100, 8000) for _ in range(rng.choice([0, 4, 32, 128]))],
+                         [(rng.randint(100, 4000), rng.randint(0, 2000))] * rng.randint(0, 1),
+                         [rng.randint(50, 4000) for _ in range(rng.randint(0, 20))], LIMIT_TOKENS, LIMIT_SEQS)
+        t0 = time.perf_counter()
+        d = c.decide(view, rng.choice([0.7, 1.0]))
+        dt = time.perf_counter() - t0
+        assert d.evaluations <= c.max_evaluations
+        times.append(dt)
+        ratios.append(dt / max(d.predicted_s, 1e-3))
+    # a handful of predictions: well under a millisecond on a busy 2-core machine, < 1 % of the step
+    assert statistics.median(times) < 1e-3
+    assert statistics.median(ratios) < 0.01
+
+
+def test_bad_input(predictor: Predictor) -> None:
+    with pytest.raises(ValueError, match="margin"):
+        AdmissionController(predictor, None, slo_s=0.04, margin=1.5)
+    with pytest.raises(ValueError, match="SLO"):
+        AdmissionController(predictor, None, slo_s=-1.0)
+    c = AdmissionController(predictor, None, slo_s=0.04)
+    with pytest.raises(ValueError, match="SLO"):
+        c.set_slo(0)
+    with pytest.raises(ValueError, match="f_clk"):
+        c.decide(busy_view(), -1.0)
+    with pytest.raises(ValueError, match="limits"):
+        c.decide(QueueView([], [], [10], 0, 4), 1.0)
+    assert isinstance(c.decide(busy_view(), 1.0), Decision)
