@@ -75,7 +75,25 @@ class GpuSpec:
 
 
 # fmt: off
+# Derivations used below (stated per row in `source`):
+# - "dense = sparse/2": NVIDIA datasheets quote tensor TFLOP/s with 2:4 sparsity (marked *); dense is half.
+# - tflops_at_mhz, where not published, is solved from dense TF = SMs x (dense FLOP/clk/SM) x clock with the
+#   per-SM tensor rate of that chip: GA100 2048, GA10x pro 1024, Ada pro 1024 (L40 and GeForce 512 with fp32
+#   accumulate), GH100 4096, GB100/GB110 8192, GB202 pro 1024 (GeForce 512 with fp32 accumulate).
+# - PCIe per direction: Gen4 x16 = 32 GB/s, Gen5 x16 = 64 GB/s (datasheets quote the bidirectional 64 / 128).
+# - GeForce/RTX-workstation boards: NVML's max SM clock is a per-vBIOS V/F-table ceiling (~3.1 GHz) that the
+#   board does not sustain, so boost_mhz there is the rated boost clock; pass live clocks in MHz.
 CATALOG: tuple[GpuSpec, ...] = (
+    # ---------------------------------------------------------------- Ampere
+    GpuSpec(
+        name="NVIDIA A100-SXM4-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
+        base_mhz=1095, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
+        mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        source="NVIDIA A100 datasheet (A100 40GB SXM: 312 TF dense BF16, 1,555 GB/s, 400 W, NVLink3 600 GB/s "
+               "total) + A100 whitepaper (108 SMs, 1410 MHz boost, 40 MB L2); base clock 1095 MHz per "
+               "nvidia-smi default application clock",
+        aliases=("a100-40gb", "a100-sxm4-40gb", "a100-sxm-40gb"),
+    ),
     GpuSpec(
         name="NVIDIA A100-SXM4-80GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1275, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
@@ -84,12 +102,244 @@ CATALOG: tuple[GpuSpec, ...] = (
         aliases=("a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100"),
     ),
     GpuSpec(
+        name="NVIDIA A100-PCIE-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
+        base_mhz=765, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
+        mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA A100 datasheet (A100 40GB PCIe: 312 TF dense BF16, 1,555 GB/s, 250 W, PCIe Gen4 "
+               "64 GB/s bidirectional; the optional 2-GPU NVLink bridge is not assumed) + A100 whitepaper "
+               "(108 SMs, 40 MB L2); base 765 MHz per the board's published clocks",
+        aliases=("a100-pcie-40gb", "a100-pcie40"),
+    ),
+    GpuSpec(
+        name="NVIDIA A100 80GB PCIe", arch="ampere", compute_capability=(8, 0), sms=108,
+        base_mhz=1065, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
+        mem_bw_gbs=1935, mem_gb=80, l2_mb=40, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA A100 datasheet (A100 80GB PCIe: 312 TF dense BF16, 1,935 GB/s, 300 W, PCIe Gen4 "
+               "64 GB/s bidirectional; optional NVLink bridge not assumed) + A100 whitepaper (108 SMs, 40 MB L2)",
+        aliases=("a100-pcie", "a100-pcie-80gb", "a100-80gb-pcie"),
+        nvml_names=("NVIDIA A100-PCIE-80GB",),
+    ),
+    GpuSpec(
+        name="NVIDIA A10", arch="ampere", compute_capability=(8, 6), sms=72,
+        base_mhz=885, boost_mhz=1695, bf16_tflops=125, fp16_tflops=125, fp8_tflops=None, tflops_at_mhz=1695,
+        mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=150, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA A10 datasheet (BF16/FP16 tensor 125 | 250* TF, 24 GB GDDR6 600 GB/s, 150 W, PCIe Gen4); "
+               "GA102 config 72 SMs, 885/1695 MHz, 6 MB L2 (125 TF = 72 x 1024 x 1695 MHz)",
+        aliases=("a10",),
+    ),
+    GpuSpec(
+        name="NVIDIA A10G", arch="ampere", compute_capability=(8, 6), sms=80,
+        base_mhz=885, boost_mhz=1710, bf16_tflops=70, fp16_tflops=70, fp8_tflops=None, tflops_at_mhz=1710,
+        mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="AWS EC2 G5 (A10G: 80 RT cores = 80 SMs, 24 GB GDDR6, 600 GB/s; nvidia-smi power cap 300 W); "
+               "NVIDIA publishes no A10G datasheet: dense BF16 70 TF derived = 80 SMs x 512 FLOP/clk (GA102 "
+               "fp32-accumulate rate, as third-party A10G spec sheets list 70 TF) x 1710 MHz boost; base "
+               "clock assumed = A10 (885 MHz)",
+        aliases=("a10g",),
+    ),
+    GpuSpec(
+        name="NVIDIA A30", arch="ampere", compute_capability=(8, 0), sms=56,
+        base_mhz=930, boost_mhz=1440, bf16_tflops=165, fp16_tflops=165, fp8_tflops=None, tflops_at_mhz=1440,
+        mem_bw_gbs=933, mem_gb=24, l2_mb=24, tdp_w=165, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA A30 datasheet (BF16/FP16 165 | 330* TF, 24 GB HBM2 933 GB/s, 165 W, PCIe Gen4 64 GB/s; "
+               "optional NVLink bridge 200 GB/s not assumed); GA100 config 56 SMs, 930/1440 MHz, 24 MB L2 "
+               "(165 TF = 56 x 2048 x 1440 MHz)",
+        aliases=("a30",),
+    ),
+    GpuSpec(
+        name="NVIDIA A40", arch="ampere", compute_capability=(8, 6), sms=84,
+        base_mhz=1305, boost_mhz=1740, bf16_tflops=149.7, fp16_tflops=149.7, fp8_tflops=None,
+        tflops_at_mhz=1740,
+        mem_bw_gbs=696, mem_gb=48, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA A40 datasheet (BF16 w/ FP32 acc 149.7 | 299.4* TF, 48 GB GDDR6 696 GB/s, 300 W, PCIe "
+               "Gen4 64 GB/s; optional NVLink bridge 112.5 GB/s not assumed); GA102 84 SMs, 1305/1740 MHz, "
+               "6 MB L2 (149.7 TF = 84 x 1024 x 1740 MHz)",
+        aliases=("a40",),
+    ),
+    # ---------------------------------------------------------------- Ada Lovelace
+    GpuSpec(
+        name="NVIDIA L4", arch="ada", compute_capability=(8, 9), sms=58,
+        base_mhz=795, boost_mhz=2040, bf16_tflops=121, fp16_tflops=121, fp8_tflops=242.5, tflops_at_mhz=2040,
+        mem_bw_gbs=300, mem_gb=24, l2_mb=48, tdp_w=72, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA L4 datasheet (BF16/FP16 242* TF, FP8 485* TF -> dense = sparse/2; 24 GB GDDR6 300 GB/s, "
+               "72 W, PCIe Gen4 x16 64 GB/s) + Ada whitepaper (AD104, 58 SMs, 795/2040 MHz, 48 MB L2; "
+               "121 TF = 58 x 1024 x 2040 MHz)",
+        aliases=("l4",),
+    ),
+    GpuSpec(
+        name="NVIDIA L40", arch="ada", compute_capability=(8, 9), sms=142,
+        base_mhz=735, boost_mhz=2490, bf16_tflops=181.05, fp16_tflops=181.05, fp8_tflops=362.1,
+        tflops_at_mhz=2490,
+        mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA L40 datasheet (BF16/FP16 181.05 | 362.1* TF, FP8 362 | 724* TF, 48 GB GDDR6 864 GB/s, "
+               "300 W, PCIe Gen4; no NVLink); AD102 142 SMs, 735/2490 MHz, 96 MB L2 "
+               "(181.05 TF = 142 x 512 x 2490 MHz: fp32-accumulate half rate)",
+        aliases=("l40",),
+    ),
+    GpuSpec(
+        name="NVIDIA L40S", arch="ada", compute_capability=(8, 9), sms=142,
+        base_mhz=1110, boost_mhz=2520, bf16_tflops=362.05, fp16_tflops=362.05, fp8_tflops=724.1,
+        tflops_at_mhz=2490,
+        mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=350, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA L40S datasheet (BF16/FP16 362.05 | 733* TF, FP8 733 | 1,466* TF, 48 GB GDDR6 864 GB/s, "
+               "350 W, PCIe Gen4 x16 64 GB/s; no NVLink); AD102 142 SMs, 1110/2520 MHz, 96 MB L2. BF16 "
+               "362.05 = 142 x 1024 x 2490 MHz, so tflops_at_mhz = 2490; the datasheet FP8 (1,466*/2 = 733) "
+               "is quoted at 2520 MHz and is rescaled here to 2490 MHz: 724.1 TF",
+        aliases=("l40s",),
+    ),
+    GpuSpec(
+        name="NVIDIA GeForce RTX 4090", arch="ada", compute_capability=(8, 9), sms=128,
+        base_mhz=2235, boost_mhz=2520, bf16_tflops=165.2, fp16_tflops=165.2, fp8_tflops=330.3,
+        tflops_at_mhz=2520,
+        mem_bw_gbs=1008, mem_gb=24, l2_mb=72, tdp_w=450, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column: FP16/BF16 tensor with FP32 "
+               "accumulate 165.2 | 330.4* TF, FP8 with FP32 accumulate 330.3 | 660.6* TF (fp16-accumulate "
+               "rates are 2x; cuBLAS bf16/fp8 GEMMs accumulate in fp32), 128 SMs, 2235/2520 MHz, 72 MB L2, "
+               "24 GB GDDR6X 1,008 GB/s, 450 W, PCIe Gen4, no NVLink",
+        aliases=("rtx4090", "4090", "geforce-rtx-4090"),
+    ),
+    # ---------------------------------------------------------------- Hopper
+    GpuSpec(
         name="NVIDIA H100 80GB HBM3", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
         mem_bw_gbs=3350, mem_gb=80, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5) + H100 whitepaper (TFLOP/s at 1830 MHz)",
         aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb"),
+    ),
+    GpuSpec(
+        name="NVIDIA H100 PCIe", arch="hopper", compute_capability=(9, 0), sms=114,
+        base_mhz=1125, boost_mhz=1755, bf16_tflops=756.5, fp16_tflops=756.5, fp8_tflops=1513,
+        tflops_at_mhz=1620,
+        mem_bw_gbs=2000, mem_gb=80, l2_mb=50, tdp_w=350, interconnect="pcie", interconnect_gbs=64,
+        source="NVIDIA H100 datasheet, H100 PCIe column (BF16 1,513* TF, FP8 3,026* TF -> dense = sparse/2; "
+               "80 GB HBM2e 2 TB/s, 300-350 W, PCIe Gen5 128 GB/s; optional NVLink bridge not assumed) + H100 "
+               "whitepaper (114 SMs, 50 MB L2); 1125/1755 MHz board clocks; tflops_at_mhz derived: "
+               "756.5 TF / (114 SMs x 4096 FLOP/clk) = 1620 MHz",
+        aliases=("h100-pcie",),
+    ),
+    GpuSpec(
+        name="NVIDIA H100 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
+        base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
+        tflops_at_mhz=1545,
+        mem_bw_gbs=3900, mem_gb=94, l2_mb=50, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        source="NVIDIA H100 datasheet, H100 NVL column (per GPU: BF16 1,671* TF, FP8 3,341* TF -> dense = "
+               "sparse/2; 94 GB HBM3 3.9 TB/s, 350-400 W, NVLink bridge 600 GB/s = 300 per direction, PCIe "
+               "Gen5 128 GB/s); 132 SMs, 1080/1785 MHz board clocks; tflops_at_mhz derived: "
+               "835.5 TF / (132 x 4096) = 1545 MHz",
+        aliases=("h100-nvl",),
+    ),
+    GpuSpec(
+        name="NVIDIA H200", arch="hopper", compute_capability=(9, 0), sms=132,
+        base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
+        tflops_at_mhz=1830,
+        mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        source="NVIDIA H200 datasheet, H200 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = sparse/2; "
+               "141 GB HBM3e 4.8 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction); same GH100 "
+               "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, 50 MB L2, TF at 1830 MHz)",
+        aliases=("h200", "h200-sxm", "h200-141gb"),
+    ),
+    GpuSpec(
+        name="NVIDIA H200 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
+        base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
+        tflops_at_mhz=1545,
+        mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
+        source="NVIDIA H200 datasheet, H200 NVL column (BF16 1,671* TF, FP8 3,341* TF -> dense = sparse/2; "
+               "141 GB HBM3e 4.8 TB/s, up to 600 W, 2-/4-way NVLink bridge 900 GB/s = 450 per direction, PCIe "
+               "Gen5 128 GB/s); clocks not published: assumed = H100 NVL (1080/1785 MHz), tflops_at_mhz "
+               "derived 835.5 TF / (132 x 4096) = 1545 MHz",
+        aliases=("h200-nvl",),
+    ),
+    GpuSpec(
+        name="NVIDIA H20", arch="hopper", compute_capability=(9, 0), sms=78,
+        base_mhz=1590, boost_mhz=1980, bf16_tflops=148, fp16_tflops=148, fp8_tflops=296, tflops_at_mhz=1980,
+        mem_bw_gbs=4000, mem_gb=96, l2_mb=60, tdp_w=400, interconnect="nvlink", interconnect_gbs=450,
+        source="NVIDIA H20 product brief as reported (BF16/FP16 148 TF dense, FP8 296 TF, 96 GB HBM3 4.0 TB/s, "
+               "60 MB L2, 400 W, NVLink 900 GB/s = 450 per direction); 78 SMs from its Geekbench/CUDA device "
+               "report. Its tensor rate is capped by the product definition (148 TF is ~23% of 78 SMs x 4096 "
+               "x 1980 MHz), so tflops_at_mhz is set to the boost clock; clocks assumed = H100 SXM5 "
+               "(1590/1980 MHz)",
+        aliases=("h20",),
+    ),
+    GpuSpec(
+        name="NVIDIA GH200 480GB", arch="hopper", compute_capability=(9, 0), sms=132,
+        base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
+        tflops_at_mhz=1830,
+        mem_bw_gbs=4000, mem_gb=96, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet (GPU: BF16 1,979* TF, FP8 3,958* TF -> dense = "
+               "sparse/2, 96 GB HBM3 4 TB/s; module TDP configurable 450-1000 W incl. CPU and LPDDR5X; "
+               "NVLink-C2C 900 GB/s to Grace; NVLink4 900 GB/s = 450 per direction to GPU peers); GPU power "
+               "cap 700 W as nvidia-smi reports it on the common 480GB configuration (some report 900 W); "
+               "H100 SXM5 die configuration (132 SMs, 1590/1980 MHz, 50 MB L2, TF at 1830 MHz). "
+               "'NVIDIA GH200 120GB' is the same GPU with less Grace memory",
+        aliases=("gh200", "gh200-480gb", "gh200-96gb"),
+        nvml_names=("NVIDIA GH200 120GB",),
+    ),
+    GpuSpec(
+        name="NVIDIA GH200 144G HBM3e", arch="hopper", compute_capability=(9, 0), sms=132,
+        base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
+        tflops_at_mhz=1830,
+        mem_bw_gbs=4900, mem_gb=144, l2_mb=50, tdp_w=900, interconnect="nvlink", interconnect_gbs=450,
+        source="NVIDIA GH200 datasheet, HBM3e variant (144 GB HBM3e 4.9 TB/s; same Hopper GPU: BF16 1,979* TF, "
+               "FP8 3,958* TF -> dense = sparse/2; NVLink4 450 GB/s per direction); GPU power cap 900 W assumed "
+               "(module configurable up to 1000 W); die configuration and clocks as H100 SXM5",
+        aliases=("gh200-144gb", "gh200-hbm3e"),
+    ),
+    # ---------------------------------------------------------------- Blackwell
+    GpuSpec(
+        name="NVIDIA B200", arch="blackwell", compute_capability=(10, 0), sms=148,
+        base_mhz=1665, boost_mhz=1965, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
+        mem_bw_gbs=8000, mem_gb=180, l2_mb=126.5, tdp_w=1000, interconnect="nvlink", interconnect_gbs=900,
+        source="NVIDIA DGX/HGX B200 datasheet per GPU (FP16/BF16 36 PF* and FP8 72 PF* per 8 GPUs -> 2.25 / "
+               "4.5 PF dense; 1,440 GB and 64 TB/s per 8 GPUs -> 180 GB, 8 TB/s; 1000 W; NVLink5 1.8 TB/s = 900 "
+               "per direction); 148 SMs and 126.5 MiB L2 from the CUDA device properties; 1965 MHz = NVML max "
+               "SM clock; tflops_at_mhz derived 2250 TF / (148 x 8192) = 1856 MHz; base 1665 MHz is a "
+               "third-party listing (not published by NVIDIA)",
+        aliases=("b200", "b200-sxm"),
+    ),
+    GpuSpec(
+        name="NVIDIA B300 SXM6 AC", arch="blackwell", compute_capability=(10, 3), sms=148,
+        base_mhz=1665, boost_mhz=2032, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
+        mem_bw_gbs=8000, mem_gb=288, l2_mb=126.5, tdp_w=1100, interconnect="nvlink", interconnect_gbs=900,
+        source="NVIDIA HGX B300 datasheet per GPU (FP16/BF16 2.25 PF dense = 4.5 PF*, FP8 4.5 PF dense = 9 PF*; "
+               "288 GB HBM3e 8 TB/s; NVLink5 1.8 TB/s = 900 per direction); 148 SMs (sm_103) and 2032 MHz max "
+               "SM clock and 1100 W power cap as nvidia-smi / CUDA report them on HGX B300; L2 and base clock "
+               "assumed = B200; tflops_at_mhz derived as for B200 (1856 MHz)",
+        aliases=("b300", "b300-sxm6", "b300-sxm"),
+    ),
+    GpuSpec(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="blackwell", compute_capability=(12, 0),
+        sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
+        tflops_at_mhz=2617,
+        mem_bw_gbs=1597, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        source="NVIDIA RTX PRO 6000 Blackwell Server Edition product page (FP16/BF16 1 PF*, FP8 2 PF*, "
+               "96 GB GDDR7 1,597 GB/s, up to 600 W, PCIe Gen5 x16 128 GB/s, no NVLink) + RTX Blackwell "
+               "whitepaper (GB202, 188 SMs, 128 MB L2; FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
+               "FP8 1,007.6 dense = 188 x 1024/2048 x 2617 MHz); base/boost 1590/2617 MHz per the "
+               "Workstation board (server clocks not published separately)",
+        aliases=("rtxpro6000", "rtxpro6000-server", "pro6000-server"),
+    ),
+    GpuSpec(
+        name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", arch="blackwell", compute_capability=(12, 0),
+        sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
+        tflops_at_mhz=2617,
+        mem_bw_gbs=1792, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        source="NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet (24,064 CUDA cores = 188 SMs, "
+               "125 TF FP32 and 4000 AI TOPS* at boost, 96 GB GDDR7 512-bit 1,792 GB/s, 600 W, PCIe Gen5 x16, "
+               "no NVLink) + RTX Blackwell whitepaper (FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
+               "FP8 1,007.6 dense; 1590/2617 MHz; 128 MB L2)",
+        aliases=("rtxpro6000-ws", "pro6000-ws"),
+    ),
+    GpuSpec(
+        name="NVIDIA GeForce RTX 5090", arch="blackwell", compute_capability=(12, 0), sms=170,
+        base_mhz=2017, boost_mhz=2407, bf16_tflops=209.5, fp16_tflops=209.5, fp8_tflops=419,
+        tflops_at_mhz=2407,
+        mem_bw_gbs=1792, mem_gb=32, l2_mb=96, tdp_w=575, interconnect="pcie", interconnect_gbs=64,
+        source="NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column (170 SMs, 2017/2407 MHz, "
+               "96 MB L2, 32 GB GDDR7 1,792 GB/s, 575 W, PCIe Gen5, no NVLink): FP16/BF16 tensor with FP32 "
+               "accumulate 209.5 | 419* TF, FP8 with FP32 accumulate 419 | 838* TF (fp16-accumulate rates 2x; "
+               "209.5 = 170 x 512 x 2407 MHz)",
+        aliases=("rtx5090", "5090", "geforce-rtx-5090"),
     ),
 )
 # fmt: on
@@ -129,12 +379,27 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
     spec = _CUSTOM.get(key) or _INDEX.get(key)
     if spec is not None:
         return spec
-    choices = sorted({g.name for g in CATALOG} | {a for g in CATALOG for a in g.aliases})
-    close = difflib.get_close_matches(name, choices, n=4, cutoff=0.4)
-    if not close:
-        close = [c for c in choices if key[:4] and key[:4] in _norm(c)][:4]
+    close = close_matches(name)
     hint = f"; close matches: {', '.join(close)}" if close else "; see `m2live gpus` for the catalog"
     raise UnknownGpuError(f"unknown GPU {name!r}{hint}")
+
+
+def close_matches(name: str, n: int = 4) -> list[str]:
+    """Catalog names and aliases closest to ``name``, compared case- and punctuation-insensitively."""
+    by_key: dict[str, str] = {}
+    for g in CATALOG:
+        for c in (g.name, *g.aliases):
+            by_key.setdefault(_norm(c), c)
+    key = _norm(name)
+    # the NVML names share the "nvidia" prefix, which would dominate the similarity of short inputs
+    strip = key.removeprefix("nvidia")
+    scored = {c: max(difflib.SequenceMatcher(None, key, k).ratio(),
+                     difflib.SequenceMatcher(None, strip, k.removeprefix("nvidia")).ratio())
+              for k, c in by_key.items()}
+    best = sorted((c for c, r in scored.items() if r >= 0.6), key=lambda c: -scored[c])[:n]
+    if not best and len(strip) >= 3:
+        best = [c for k, c in by_key.items() if strip[:4] in k][:n]
+    return best
 
 
 def all_gpus() -> list[GpuSpec]:
