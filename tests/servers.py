@@ -1,10 +1,11 @@
 """Real servers for tests: Mosquitto and Prometheus (Debian binaries on PATH), started on 127.0.0.1 and a free
 port in a temporary directory, stopped by their own pid. Import what you need:
 
-    from servers import Mosquitto, Prometheus, Subscriber, free_port, mosquitto, prometheus, step_records
+    from servers import Mosquitto, Prometheus, Subscriber, free_port, step_records
+    from servers import mosquitto_fixture, prometheus_fixture  # noqa: F401  (fixtures)
 
-``mosquitto`` (a running broker) and ``prometheus`` (a factory: ``prometheus(["127.0.0.1:9400"])``) are pytest
-fixtures; importing them into a test module makes them available there. ``step_records`` builds StepRecords
+The fixtures are named ``mosquitto`` (a running broker) and ``prometheus`` (a factory:
+``prometheus(["127.0.0.1:9400"])``); importing them into a test module makes them available there. ``step_records`` builds StepRecords
 from real m2live predictions, as the plugin would hand them to the sinks.
 """
 
@@ -265,8 +266,8 @@ class Subscriber:
         self.client.disconnect()
 
 
-@pytest.fixture
-def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+@pytest.fixture(name="mosquitto")
+def mosquitto_fixture(tmp_path: Path) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path / "mosquitto").start()
     try:
         yield broker
@@ -274,8 +275,8 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
         broker.stop()
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
+@pytest.fixture(name="prometheus")
+def prometheus_fixture(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     """Factory: ``prometheus(["127.0.0.1:PORT"], scrape_interval="1s")`` → a started Prometheus."""
     started: list[Prometheus] = []
 

@@ -1,0 +1,300 @@
+"""MQTT publisher: a compact per-step stream, a retained status with a last will, and a control topic.
+
+Topics (DESIGN.md ★), for an ``instance`` name:
+- ``m2live/<instance>/steps`` — JSON list of ``StepRecord.to_dict()``, one message per batch (≤ ``batch_max``
+  records, sent every ``flush_s`` or as soon as a batch is full), QoS 0.
+- ``m2live/<instance>/status`` — retained ``online`` on every (re)connect; ``offline`` on a clean close, and the
+  broker publishes the same ``offline`` as our last will when the connection dies (process killed, network).
+- ``m2live/<instance>/control`` — subscribed. A JSON object with ``slo_ms`` (a positive number, or null to
+  switch admission off) and/or ``admission`` (true/false). Valid messages reach ``on_control`` as a dict
+  (``{"slo_ms": 40.0}``), called on the MQTT thread; anything else is logged and ignored.
+
+The client (aiomqtt) runs on its own thread with its own asyncio loop. ``submit`` only appends to a bounded
+deque (drop oldest, counted in ``dropped``) and never blocks or raises, whatever the broker does. When the
+broker goes away the publisher reconnects with exponential backoff (``backoff_min`` doubling up to
+``backoff_max``); records queued meanwhile are sent after the reconnect (the oldest are dropped if the queue
+fills up). A batch lost in a failed publish is counted as dropped too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import re
+import threading
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
+
+from m2live.record import StepRecord
+
+from . import ExporterError
+
+log = logging.getLogger("m2live.exporters.mqtt")
+
+CONTROL_KEYS = ("slo_ms", "admission")
+
+
+def topics(instance: str) -> dict[str, str]:
+    base = f"m2live/{instance}"
+    return {"steps": f"{base}/steps", "status": f"{base}/status", "control": f"{base}/control"}
+
+
+def validate_control(payload: bytes | str) -> dict:
+    """Parse and check a control message; returns e.g. ``{"slo_ms": 40.0}``. Raises ValueError (one line)."""
+    try:
+        msg = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("control message is not JSON") from None
+    if not isinstance(msg, dict):
+        raise ValueError(f"control message must be a JSON object, got {type(msg).__name__}")
+    unknown = sorted(set(msg) - set(CONTROL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown control key(s) {', '.join(unknown)} (known: {', '.join(CONTROL_KEYS)})")
+    if not msg:
+        raise ValueError(f"control message sets nothing (known keys: {', '.join(CONTROL_KEYS)})")
+    out: dict = {}
+    if "slo_ms" in msg:
+        v = msg["slo_ms"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                              or v <= 0):
+            raise ValueError(f"slo_ms must be a positive number of milliseconds or null, got {v!r}")
+        out["slo_ms"] = None if v is None else float(v)
+    if "admission" in msg:
+        v = msg["admission"]
+        if not isinstance(v, bool):
+            raise ValueError(f"admission must be true or false, got {v!r}")
+        out["admission"] = v
+    return out
+
+
+def _parse_url(url: str) -> tuple[str, int, bool, str | None, str | None]:
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not u.hostname:
+        raise ExporterError(f"MQTT URL must look like mqtt://HOST[:PORT] or mqtts://HOST[:PORT], got {url!r}")
+    tls = u.scheme in ("mqtts", "ssl")
+    try:
+        port = u.port or (8883 if tls else 1883)
+    except ValueError:
+        raise ExporterError(f"MQTT URL has a bad port: {url!r}") from None
+    user = urllib.parse.unquote(u.username) if u.username else None
+    pw = urllib.parse.unquote(u.password) if u.password else None
+    return u.hostname, port, tls, user, pw
+
+
+class MqttPublisher:
+    """Sink publishing step records to MQTT from its own thread (see module docstring)."""
+
+    def __init__(self, url: str, instance: str, *, on_control: Callable[[dict], None] | None = None,
+                 queue_size: int = 1024, batch_max: int = 64, flush_s: float = 0.25,
+                 username: str | None = None, password: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None, qos: int = 0,
+                 backoff_min: float = 0.2, backoff_max: float = 5.0, keepalive: int = 10):
+        self.host, self.port, tls, url_user, url_pw = _parse_url(url)
+        if not instance or not re.fullmatch(r"[A-Za-z0-9_.:\-/]+", instance) or "//" in instance:
+            raise ExporterError(f"MQTT instance must be a non-empty topic level without wildcards, got {instance!r}")
+        if queue_size < 1 or batch_max < 1 or flush_s <= 0:
+            raise ExporterError("MQTT queue_size and batch_max must be >= 1 and flush_s > 0")
+        if qos not in (0, 1, 2):
+            raise ExporterError(f"MQTT qos must be 0, 1 or 2, got {qos!r}")
+        for what, path in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key)):
+            if path is not None and not os.path.isfile(path):
+                raise ExporterError(f"MQTT {what} file not found: {path}")
+        if (tls_cert is None) != (tls_key is None):
+            raise ExporterError("MQTT client TLS needs both tls_cert and tls_key")
+        self.url, self.instance = url, instance
+        self.topics = topics(instance)
+        self.on_control = on_control
+        self.username = username if username is not None else url_user
+        self.password = password if password is not None else url_pw
+        self.tls = tls or tls_ca is not None or tls_cert is not None
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca, tls_cert, tls_key
+        self.qos = qos
+        self.queue_size, self.batch_max, self.flush_s = queue_size, batch_max, flush_s
+        self.backoff_min, self.backoff_max, self.keepalive = backoff_min, backoff_max, keepalive
+        # counters (read from other threads; plain ints are fine under the GIL)
+        self.dropped = 0  # records dropped: queue full (oldest first), lost in a failed publish, unsent at close
+        self.published = 0  # records handed to the broker
+        self.batches = 0
+        self.connects = 0
+        self.connect_failures = 0
+        self.control_accepted = 0
+        self.control_rejected = 0
+        self.last_error: str | None = None
+        self._q: deque[StepRecord] = deque()
+        self._qlock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._wake_pending = False
+        self._stopping = False
+        self._connected = False
+        self._thread: threading.Thread | None = None
+
+    # ---- engine side -----------------------------------------------------------------------------------
+    def start(self) -> MqttPublisher:
+        """Start the MQTT thread; returns at once (the connection is made, and remade, in the background)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._thread_main, name=f"m2live-mqtt-{self.instance}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, record: StepRecord) -> None:
+        """Queue one record; never blocks on the network, never raises."""
+        with self._qlock:
+            if len(self._q) >= self.queue_size:
+                self._q.popleft()
+                self.dropped += 1
+            self._q.append(record)
+            full = len(self._q) >= self.batch_max and not self._wake_pending
+            if full:
+                self._wake_pending = True
+        if full:
+            self._poke()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def queued(self) -> int:
+        return len(self._q)
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Send what is queued (if connected), publish ``offline`` (retained), disconnect, stop the thread."""
+        self._stopping = True
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._qlock:
+            self.dropped += len(self._q)  # never sent
+            self._q.clear()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # loop already closed
+                pass
+
+    # ---- MQTT thread ---------------------------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as e:  # never let the thread die silently
+            log.error("m2live: MQTT publisher stopped: %s", e)
+            self.last_error = str(e)
+
+    def _client(self):
+        import aiomqtt
+
+        tls = None
+        if self.tls:
+            tls = aiomqtt.TLSParameters(ca_certs=self.tls_ca, certfile=self.tls_cert, keyfile=self.tls_key)
+        return aiomqtt.Client(
+            self.host, self.port, username=self.username, password=self.password,
+            identifier=f"m2live-{self.instance.replace('/', '-')}-{os.getpid()}-{id(self) & 0xffff:x}",
+            will=aiomqtt.Will(self.topics["status"], b"offline", qos=1, retain=True),
+            keepalive=self.keepalive, tls_params=tls, timeout=5.0)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        delay = self.backoff_min
+        while not self._stopping:
+            try:
+                async with self._client() as client:
+                    await client.publish(self.topics["status"], b"online", qos=1, retain=True)
+                    await client.subscribe(self.topics["control"], qos=1)
+                    self._connected = True  # online published and control subscribed
+                    self.connects += 1
+                    if self.connects > 1:
+                        log.warning("m2live: MQTT reconnected to %s:%d", self.host, self.port)
+                    delay = self.backoff_min
+                    await self._serve(client)
+                    await client.publish(self.topics["status"], b"offline", qos=1, retain=True)
+                    return  # clean close: leaving the context disconnects (no last will)
+            except Exception as e:  # aiomqtt.MqttError, TLS/OS errors: back off and retry
+                self.connect_failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                level = logging.WARNING if self.connect_failures <= 3 else logging.DEBUG
+                log.log(level, "m2live: MQTT %s:%d unavailable (%s); retrying in %.1f s",
+                        self.host, self.port, self.last_error, delay)
+            finally:
+                self._connected = False
+            if self._stopping:
+                break
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)  # close() cuts the wait short
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _serve(self, client) -> None:
+        """Publish batches and read control messages until closing (returns) or the connection drops (raises)."""
+        pump = asyncio.create_task(self._pump(client))
+        reader = asyncio.create_task(self._read(client))
+        done, pending = await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in done:
+            t.result()  # re-raise a connection error
+        if reader in done:
+            raise ConnectionError("control subscription ended")
+
+    def _take(self) -> list[StepRecord]:
+        with self._qlock:
+            n = min(len(self._q), self.batch_max)
+            batch = [self._q.popleft() for _ in range(n)]
+            self._wake_pending = False
+        return batch
+
+    async def _pump(self, client) -> None:
+        wake = self._wake
+        while True:
+            batch = self._take()
+            if batch:
+                payload = json.dumps([r.to_dict() for r in batch], separators=(",", ":"))
+                try:
+                    await client.publish(self.topics["steps"], payload, qos=self.qos)
+                except Exception:
+                    self.dropped += len(batch)
+                    raise
+                self.published += len(batch)
+                self.batches += 1
+                continue
+            if self._stopping:
+                return
+            try:
+                await asyncio.wait_for(wake.wait(), self.flush_s)
+            except TimeoutError:
+                pass
+            wake.clear()
+
+    async def _read(self, client) -> None:
+        async for msg in client.messages:
+            if str(msg.topic) != self.topics["control"]:
+                continue
+            self._handle_control(msg.payload)
+
+    def _handle_control(self, payload) -> None:
+        try:
+            cmd = validate_control(payload if isinstance(payload, bytes | str) else bytes(payload))
+        except ValueError as e:
+            self.control_rejected += 1
+            log.warning("m2live: ignored MQTT control message on %s: %s", self.topics["control"], e)
+            return
+        self.control_accepted += 1
+        log.info("m2live: MQTT control %s", cmd)
+        if self.on_control is not None:
+            try:
+                self.on_control(cmd)
+            except Exception as e:
+                log.warning("m2live: on_control failed for %s: %s", cmd, e)
