@@ -23,36 +23,47 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class ArchConstants:
-    """Per-architecture constants. Units: seconds, bytes, FLOP-free ratios."""
+    """Per-architecture constants. Units: seconds, bytes, elements; efficiencies are ratios."""
 
-    # Tensor-core ceiling: eta_active saturates at eta_tc when the tile intensity reaches i_crit.
-    eta_tc: float
-    i_crit: float  # tile intensity BM*BN/(BM+BN) [elements] at which operand movement stops stalling MMAs
-    k0: float  # prologue+epilogue cost of one output tile, in K elements of main-loop work
+    # --- GEMMs (cuBLAS / CUTLASS) ---
+    eta_tc: float  # tensor-core ceiling of eta_active for an intense tile
+    i_crit: float  # tile intensity BM*BN/(BM+BN) [elements] from which operand movement stops stalling MMAs
+    k0: float  # prologue+epilogue cost of one output tile, in K elements of main-loop work (eta_duty)
     t_kernel: float  # fixed latency of one kernel (s): dispatch inside a CUDA graph, pipeline fill, tail
     eta_mem: float  # streaming DRAM efficiency (achieved / datasheet bandwidth)
-    l2_speedup: float  # bandwidth of L2-resident operands relative to DRAM (opbench repeats without a flush)
-    # Attention (FlashAttention): tensor-core ceiling of the fused kernel relative to peak, and KV streaming.
-    eta_attn: float
-    eta_attn_mem: float
-    attn_block_m: int  # query rows per attention CTA
-    sm_bw_frac: float  # share of the DRAM bandwidth a single SM can pull on its own (Little's law floor)
-    tiles: tuple[tuple[int, int], ...] = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 256), (256, 128))
+    l2_speedup: float  # weight re-read from L2 (benchmark loops without a flush) vs from DRAM; never in serving
+    # --- attention (vLLM's FlashAttention call: metadata, KV-cache write, the kernel) ---
+    t_attn: float  # floor of one attention call (s): no call is faster (launches, metadata, KV write)
+    t_attn_over: float  # fixed part of an attention call that does not overlap its body (s)
+    eta_attn: float  # tensor-core ceiling of the fused attention kernel
+    k0_attn: float  # per-CTA prologue/epilogue in key positions (eta_duty of attention)
+    eta_attn_mem: float  # KV streaming efficiency of decode attention
+    item_cost: float  # SM-time of one decode work item (one sequence x KV head): block table, softmax, write
+    block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
+    cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
+    attn_block_m: int = 128  # query rows per prefill attention CTA
+    cta_slots: int = 4  # decode CTAs resident per SM
+    tiles: tuple[tuple[int, int], ...] = (
+        (64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128),
+    )
     fitted_on: str = ""
     borrowed_from: str | None = None
 
 
 # Fitted by bench/fit_constants.py on ../shared/data/opbench (A100-SXM4-80GB for ampere, H100 80GB HBM3 for
-# hopper; GEMMs with N,K >= 256, prefill/decode attention head_dim 128) — see results/constants.json.
+# hopper; GEMMs with N,K in [1024, 16384]; prefill/decode attention with head_dim 128) — results/constants.json
+# holds the fit and its leave-one-GPU-out check.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.90, i_crit=64.0, k0=256.0, t_kernel=4.0e-6, eta_mem=0.70, l2_speedup=1.0,
-        eta_attn=0.55, eta_attn_mem=0.70, attn_block_m=128, sm_bw_frac=0.03,
+        eta_tc=0.9724, i_crit=73.5, k0=233.3, t_kernel=4.191e-06, eta_mem=0.6911, l2_speedup=1.002,
+        t_attn=1.257e-05, t_attn_over=9.246e-06, eta_attn=0.5831, k0_attn=202.5, eta_attn_mem=0.8817, item_cost=3.778e-06, block_cost=4.906e-06,
+        cta_bw=1.08e+10,
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB)",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.80, i_crit=64.0, k0=256.0, t_kernel=3.5e-6, eta_mem=0.86, l2_speedup=1.0,
-        eta_attn=0.55, eta_attn_mem=0.80, attn_block_m=128, sm_bw_frac=0.03,
+        eta_tc=0.8135, i_crit=32.29, k0=160.9, t_kernel=3.375e-06, eta_mem=0.8636, l2_speedup=1.001,
+        t_attn=1.183e-05, t_attn_over=1.039e-05, eta_attn=0.6326, k0_attn=459.7, eta_attn_mem=0.9232, item_cost=3.172e-06, block_cost=4.004e-06,
+        cta_bw=4.188e+10,
         fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3)",
     ),
 }
@@ -62,7 +73,9 @@ ARCH["blackwell"] = replace(ARCH["hopper"], borrowed_from="hopper (TMA + async t
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
 ARCH["cpu"] = ArchConstants(
     eta_tc=0.6, i_crit=1.0, k0=0.0, t_kernel=5e-6, eta_mem=0.8, l2_speedup=1.0,
-    eta_attn=0.3, eta_attn_mem=0.6, attn_block_m=1, sm_bw_frac=1.0, tiles=((1, 1),),
+    t_attn=10e-6, t_attn_over=5e-6, eta_attn=0.3, k0_attn=0.0, eta_attn_mem=0.6, item_cost=0.0, block_cost=0.0,
+    cta_bw=1e12,
+    attn_block_m=1, cta_slots=1, tiles=((1, 1),),
     fitted_on="not fitted: CPU peak FLOP/s and bandwidth come from the start-up microbenchmark",
 )
 

@@ -49,6 +49,13 @@ class HostConstants:
     kernels_per_layer: int = 11  # 4 GEMMs, 2 attention, 5 light kernels
 
 
+def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
+    """Which term bounds an operator: its fixed latency, the compute branch or the memory branch."""
+    if t_fixed > t_compute and t_fixed > t_memory:
+        return "latency"
+    return "compute" if t_compute >= t_memory else "memory"
+
+
 @dataclass(frozen=True)
 class OpTime:
     t: float
@@ -117,55 +124,72 @@ class OpModel:
         return self._op(tc, tm, factors)
 
     def _op(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
-        body = max(tc, tm)
-        bound = "compute" if tc >= tm else "memory"
-        if self.c.t_kernel > body:
-            bound = "latency"
-        return OpTime(self.c.t_kernel + body, bound, tc, tm, factors)
+        return OpTime(self.c.t_kernel + max(tc, tm), branch(tc, tm, self.c.t_kernel), tc, tm, factors)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
         self, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, f_clk: float = 1.0
     ) -> OpTime:
-        """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix."""
+        """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix.
+
+        CTAs are (sequence, head, block of BM queries); a CTA's main loop runs over its keys, against a fixed
+        prologue/epilogue worth k0_attn keys (eta_duty). Short chunks are latency- and duty-bound.
+        """
+        c = self.c
         pairs = 0.0
         q_tokens = 0
         kv_tokens = 0
         ctas = 0
-        bm = self.c.attn_block_m
+        bm = c.attn_block_m
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
             kv_tokens += ctx + new
             ctas += -(-new // bm)
-        ctas *= heads
         flops = 4.0 * heads * head_dim * pairs
-        wave = attention_wave(ctas, self.gpu.sms)
-        tc = flops / (self.peak * f_clk * self.c.eta_attn * wave)
+        # keys per query block, averaged over the CTAs (work-weighted): pairs / queries
+        keys = pairs / q_tokens if q_tokens else 0.0
+        duty = keys / (keys + c.k0_attn) if c.k0_attn > 0 else 1.0
+        wave = attention_wave(ctas * heads, self.gpu.sms)
+        tc = flops / (self.peak * f_clk * c.eta_attn * wave * duty)
         nbytes = self.elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
-        tm = nbytes / (self.bw * self.c.eta_attn_mem)
-        return self._op(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_attn": self.c.eta_attn,
-                                 "eta_mem": self.c.eta_attn_mem})
+        tm = nbytes / (self.bw * c.eta_attn_mem)
+        t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
+        tc += t_items
+        tm += t_items
+        return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
+                                   "eta_mem": c.eta_attn_mem})
 
     def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
                          head_dim: int, f_clk: float = 1.0) -> OpTime:
         """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
 
-        ``contexts`` is the list of contexts or their sum. Achieved bandwidth is the smaller of the streaming
-        ceiling and what the CTAs in flight can pull (one CTA per sequence x KV head x KV split).
+        ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
+        split]); when there are fewer than the SMs, the KV is split (flash-decoding) to fill them. The body is
+        the larger of DRAM streaming and the CTA schedule: waves of resident CTAs, each paying a fixed cost and
+        streaming its share of KV at the rate one CTA can keep in flight.
         """
+        c = self.c
         total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
         kv_read = total_ctx + n_seqs
         nbytes = self.elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs + 2 * kv_heads * n_seqs)
         flops = 4.0 * heads * head_dim * kv_read
-        mean_ctx = kv_read / max(1, n_seqs)
-        ctas = n_seqs * kv_heads
-        if ctas < self.gpu.sms:  # split-KV (flash-decoding) to fill the SMs, one split per >= 256 tokens
-            ctas *= max(1, min(-(-self.gpu.sms // ctas), int(mean_ctx // 256) or 1))
-        bw = min(self.bw * self.c.eta_attn_mem, ctas * self.c.sm_bw_frac * self.bw)
-        tm = nbytes / bw
-        tc = flops / (self.peak * f_clk * self.c.eta_attn)
-        return self._op(tc, tm, {"f_clk": f_clk, "eta_mem": bw / self.bw})
+        items = n_seqs * kv_heads
+        sms = self.gpu.sms
+        ctas = items
+        if items < sms:  # split-KV to fill the SMs, one split per >= 256 cached tokens
+            ctas *= max(1, min(-(-sms // items), -(-int(kv_read / n_seqs) // 256)))
+        t_items = items * c.item_cost / sms
+        t_stream = max(nbytes / (self.bw * c.eta_attn_mem), nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
+        tm = t_items + t_stream
+        tc = flops / (self.peak * f_clk * c.eta_attn)
+        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0})
+
+    def _attn(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
+        """An attention call: its body plus a fixed part, never below the call's floor."""
+        c = self.c
+        t = max(c.t_attn, c.t_attn_over + max(tc, tm))
+        return OpTime(t, branch(tc, tm, c.t_attn - c.t_attn_over), tc, tm, factors)
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         tm = nbytes / (self.bw * self.c.eta_mem)
@@ -187,6 +211,7 @@ class Predictor:
         self.host = host or HostConstants()
         m = self.model
         self._gemm_nk = m.gemms()
+        self._gemm_list = [(name, n, k) for name, (n, k) in self._gemm_nk.items()]
         self._lm_nk = m.lm_head
         d = m.dtype_bytes
         h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
@@ -257,9 +282,24 @@ class Predictor:
                     if k != "f_clk":
                         factors.setdefault(k, {})[name] = v
 
-        # projections: one GEMM each per layer over all T tokens
-        for name, (n, k) in self._gemm_nk.items():
-            record(name, o.gemm(T, n, k, f), L)
+        # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
+        tk = o.c.t_kernel
+        bw_mem = o.bw * o.c.eta_mem
+        if breakdown:
+            wave_d: dict[str, float] = {}
+            active_d: dict[str, float] = {}
+            duty_d: dict[str, float] = {}
+            mem_d: dict[str, float] = {}
+            factors.update(eta_wave=wave_d, eta_active=active_d, eta_duty=duty_d, eta_mem=mem_d)
+        for name, n, k in self._gemm_list:
+            tc, nbytes, wave, active, duty = o._gemm_base(T, n, k)
+            tc /= f
+            tm = nbytes / bw_mem
+            body = tc if tc > tm else tm
+            ops[name] = (tk + body) * L
+            if breakdown:
+                bound[name] = branch(tc, tm, tk)
+                wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, o.c.eta_mem
         # attention
         pre = step.prefill_seqs
         dec = step.decode_contexts

@@ -53,6 +53,11 @@ class Step:
             object.__setattr__(self, "prefill", flags)
         else:
             object.__setattr__(self, "prefill", None)
+            flags = tuple(new > 1 or ctx == 0 for new, ctx in clean)
+        # split once: the predictor reads these on every call
+        object.__setattr__(self, "_pre", [s for s, f in zip(clean, flags, strict=True) if f])
+        object.__setattr__(self, "_dec", [ctx for (_, ctx), f in zip(clean, flags, strict=True) if not f])
+        object.__setattr__(self, "_tokens", sum(n for n, _ in clean))
 
     # --- constructors -------------------------------------------------------------------------------
     @classmethod
@@ -94,15 +99,17 @@ class Step:
 
     @property
     def prefill_seqs(self) -> list[tuple[int, int]]:
-        return [s for i, s in enumerate(self.seqs) if self.is_prefill(i)]
+        """(chunk, context) of each prefill sequence."""
+        return self._pre  # type: ignore[attr-defined]
 
     @property
     def decode_contexts(self) -> list[int]:
-        return [ctx for i, (_, ctx) in enumerate(self.seqs) if not self.is_prefill(i)]
+        """Context (tokens already cached) of each decoding sequence."""
+        return self._dec  # type: ignore[attr-defined]
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for n, _ in self.seqs)
+        return self._tokens  # type: ignore[attr-defined]
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .efficiency import ArchConstants
 from .hardware import get_gpu
 from .predictor import OpModel
 
@@ -81,8 +82,10 @@ def read_table(path: str | os.PathLike) -> Table:
 class RowPredictor:
     """Predicts table rows; one OpModel per GPU name."""
 
-    def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True):
+    def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True,
+                 constants: dict[str, ArchConstants] | None = None):
         self.gpu_override = gpu
+        self.constants = constants or {}  # arch -> constants override (leave-one-GPU-out checks)
         self.clock = clock
         self.l2_warm = l2_warm
         self._models: dict[str, OpModel] = {}
@@ -92,7 +95,8 @@ class RowPredictor:
     def model_for(self, name: str) -> OpModel:
         m = self._models.get(name)
         if m is None:
-            m = self._models[name] = OpModel(get_gpu(name))
+            gpu = get_gpu(name)
+            m = self._models[name] = OpModel(gpu, constants=self.constants.get(gpu.arch))
         return m
 
     def _f_clk(self, om: OpModel) -> float:

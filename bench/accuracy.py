@@ -1,0 +1,147 @@
+"""Accuracy benchmark → results/accuracy.json.
+
+Per calibration GPU × operator kind (opbench tables): MAPE with the constants fitted on that GPU (in-sample),
+with the constants fitted on the *other* GPU (leave-one-GPU-out: the held-out GPU is predicted from its
+datasheet alone), and the constant-efficiency roofline baseline max(FLOPs/(0.75·P_datasheet),
+bytes/(0.75·BW)). Plus an independent validation on Vidur's Llama projection profiles (A100, H100, A40),
+which were never used for fitting.
+
+    .venv/bin/python bench/accuracy.py --out results/accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from m2live.efficiency import ARCH  # noqa: E402
+from m2live.hardware import get_gpu  # noqa: E402
+from m2live.predictor import OpModel  # noqa: E402
+from m2live.validate import RowPredictor, in_core_region, measured, read_table  # noqa: E402
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+CALIBRATION = {"a100_sxm": "ampere", "h100_sxm": "hopper"}
+OTHER = {"ampere": "hopper", "hopper": "ampere"}
+VIDUR_OPS = {  # Vidur column → our op, and its (N, K) for (n_head, n_kv, d, n_embd, n_expanded, tp)
+    "attn_pre_proj": ("qkv", lambda h, kv, d, e, x, tp: ((h + 2 * kv) * d // tp, e)),
+    "attn_post_proj": ("o", lambda h, kv, d, e, x, tp: (e, h * d // tp)),
+    "mlp_up_proj": ("gate_up", lambda h, kv, d, e, x, tp: (2 * x // tp, e)),
+    "mlp_down_proj": ("down", lambda h, kv, d, e, x, tp: (e, x // tp)),
+}
+
+
+def baseline_ms(kind: str, row: dict[str, str], gpu_name: str) -> float:
+    """Constant-efficiency roofline: eta = 0.75 on both branches, datasheet dense bf16 peak."""
+    g = get_gpu(gpu_name)
+    peak, bw = g.bf16_tflops * 1e12 * 0.75, g.mem_bw * 0.75
+    if kind == "gemm":
+        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+        return max(2 * m * n * k / peak, 2 * (m * k + n * k + m * n) / bw) * 1e3
+    b, h, kv, d = int(row["batch_size"]), int(row["num_heads"]), int(row["num_key_value_heads"]), int(row["head_dim"])
+    if kind == "prefill_attention":
+        isl = int(row["isl"])
+        flops = 4 * h * d * b * isl * (isl + 1) / 2
+        nbytes = 2 * d * b * isl * (2 * h + 2 * kv)
+    else:
+        ctx = int(row["step"]) + 1
+        flops = 4 * h * d * b * ctx
+        nbytes = 2 * d * b * (2 * kv * ctx + 2 * h)
+    return max(flops / peak, nbytes / bw) * 1e3
+
+
+def score_calibration() -> dict:
+    out: dict = {}
+    for folder, arch in CALIBRATION.items():
+        in_rp = RowPredictor(constants={arch: ARCH[arch]})
+        loo_rp = RowPredictor(constants={arch: ARCH[OTHER[arch]]})
+        for path in sorted((SHARED / "opbench" / folder).glob("*.csv")):
+            t = read_table(path)
+            meas = measured(t)
+            assert meas is not None
+            pin, ploo = in_rp.predict_table(t), loo_rp.predict_table(t)
+            groups: dict[str, list[tuple[float, float, float, float]]] = {}
+            for kind, row, m, a, b in zip(t.kinds, t.rows, meas, pin, ploo, strict=True):
+                base = baseline_ms(kind, row, row["device"])
+                groups.setdefault(f"{kind}/all", []).append((m, a, b, base))
+                if in_core_region(kind, row):
+                    groups.setdefault(f"{kind}/core", []).append((m, a, b, base))
+            gpu = t.rows[0]["device"]
+            for key, vals in groups.items():
+                kind, region = key.split("/")
+                def mape(i: int, vals=vals) -> float:
+                    return round(100 * sum(abs(v[i] - v[0]) / v[0] for v in vals) / len(vals), 2)
+                out.setdefault(gpu, {})[key] = {
+                    "kind": kind,
+                    "region": ("N,K in [1024,16384], every M" if kind == "gemm" else "head_dim 128")
+                    if region == "core" else "all rows",
+                    "rows": len(vals), "mape_in_sample": mape(1), "mape_leave_one_gpu_out": mape(2),
+                    "mape_baseline_eta0.75": mape(3),
+                    "constants_in_sample": arch, "constants_loo": OTHER[arch],
+                }
+    return out
+
+
+def score_vidur() -> dict:
+    """Vidur mlp.csv: per-op median kernel times of Llama projections at num_tokens, TP emulated by shards."""
+    gpus = {"a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3", "a40": "NVIDIA A40"}
+    out: dict = {}
+    for folder, gpu_name in gpus.items():
+        try:
+            om = OpModel(get_gpu(gpu_name))
+        except KeyError:
+            continue
+        for path in sorted((SHARED / "vidur" / folder).glob("*/mlp.csv")):
+            errs: dict[str, list[float]] = {}
+            with open(path, newline="") as f:
+                for row in csv.DictReader(f):
+                    h, kv = int(row["n_head"]), int(row["n_kv_head"])
+                    e, x = int(row["n_embd"]), int(row["n_expanded_embd"])
+                    tp, m = int(row["num_tensor_parallel_workers"]), int(row["num_tokens"])
+                    d = e // h
+                    for col, (op, nk) in VIDUR_OPS.items():
+                        ms = float(row[f"time_stats.{col}.median"])
+                        n, k = nk(h, kv, d, e, x, tp)
+                        if col == "mlp_up_proj" and row.get("use_gated_mlp", "True") != "True":
+                            n //= 2
+                        # Vidur times a projection repeatedly in a loop, like opbench: L2 re-reads allowed
+                        p = om.gemm(m, n, k, 1.0, l2_warm=True).t * 1e3
+                        errs.setdefault(op, []).append(abs(p - ms) / ms)
+            key = f"{gpu_name} / {path.parent.name}"
+            out[key] = {op: {"rows": len(v), "mape": round(100 * sum(v) / len(v), 2)} for op, v in errs.items()}
+            allv = [e for v in errs.values() for e in v]
+            out[key]["all"] = {"rows": len(allv), "mape": round(100 * sum(allv) / len(allv), 2)}
+            out[key]["arch_constants"] = om.gpu.arch + (f" (borrowed from {om.c.borrowed_from})"
+                                                        if om.c.borrowed_from else "")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/accuracy.json")
+    args = ap.parse_args()
+    res = {
+        "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "clock": "boost (opbench rows are short bursts of a CUDA-graph loop)",
+        "fitted_on": {a: ARCH[a].fitted_on for a in CALIBRATION.values()},
+        "calibration": score_calibration(),
+        "vidur_validation": score_vidur(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    for gpu, kinds in res["calibration"].items():
+        for key, v in kinds.items():
+            print(f"{gpu:24s} {key:26s} rows={v['rows']:6d} in-sample={v['mape_in_sample']:6.2f}% "
+                  f"LOO={v['mape_leave_one_gpu_out']:6.2f}% baseline={v['mape_baseline_eta0.75']:6.2f}%")
+    for key, ops in res["vidur_validation"].items():
+        print(f"vidur {key}: " + ", ".join(f"{op} {v['mape']:.1f}%" for op, v in ops.items() if isinstance(v, dict)))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

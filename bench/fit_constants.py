@@ -1,0 +1,148 @@
+"""Fit the per-architecture constants of m2live/efficiency.py on the calibration tables, and check transfer.
+
+Fits, per GPU folder of ../shared/data/opbench (A100-SXM4-80GB → ampere, H100 80GB HBM3 → hopper):
+  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, l2_speedup   on GEMMs with N,K in [1024, 16384]
+  attention group  t_attn, eta_attn, k0_attn, eta_attn_mem, cta_cost, cta_bw   on head_dim-128 attention rows
+minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants).
+Leave-one-GPU-out: the constants fitted on one GPU predict the other from its datasheet alone.
+Writes results/constants.json; the values are then copied into efficiency.py with this file named as their source.
+
+    .venv/bin/python bench/fit_constants.py [--out results/constants.json] [--maxiter 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from m2live.efficiency import ARCH, ArchConstants, forecast_clock_ratio  # noqa: E402
+from m2live.hardware import get_gpu  # noqa: E402
+from m2live.predictor import OpModel  # noqa: E402
+from m2live.validate import in_core_region, measured, read_table  # noqa: E402
+
+OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
+GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper")}
+GROUPS = {
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "l2_speedup"),
+    "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
+                  "cta_bw"),
+}
+BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
+
+
+def load(folder: str, max_rows: int, seed: int = 0) -> dict[str, list]:
+    """Rows as tuples: gemm (m, n, k, ms); prefill (b, isl, h, kv, d, ms); decode (b, step, h, kv, d, ms)."""
+    out: dict[str, list] = {"gemm": [], "prefill_attention": [], "decode_attention": []}
+    for name in ("gemm_bf16.csv", "prefill_attention_bf16.csv", "decode_attention_bf16.csv"):
+        t = read_table(OPBENCH / folder / name)
+        for kind, row, ms in zip(t.kinds, t.rows, measured(t), strict=True):
+            if not in_core_region(kind, row):
+                continue
+            if kind == "gemm":
+                out[kind].append((int(row["m"]), int(row["n"]), int(row["k"]), ms))
+            else:
+                out[kind].append((int(row["batch_size"]), int(row["isl"] if kind == "prefill_attention"
+                                  else row["step"]), int(row["num_heads"]), int(row["num_key_value_heads"]),
+                                  int(row["head_dim"]), ms))
+    rng = random.Random(seed)
+    for k, rows in out.items():
+        if len(rows) > max_rows:
+            out[k] = rng.sample(rows, max_rows)
+    return out
+
+
+CLOCK = {"mode": "boost"}
+
+
+def predict(om: OpModel, kind: str, r: tuple) -> float:
+    if kind == "gemm":
+        t = om.gemm(r[0], r[1], r[2], 1.0, l2_warm=True)
+        if CLOCK["mode"] == "forecast":
+            act = 2.0 * r[0] * r[1] * r[2] / (t.t * om.peak)
+            f = forecast_clock_ratio(om.gpu.tdp_w, om.peak, om.gpu.arch, act)
+            t = om.gemm(r[0], r[1], r[2], f, l2_warm=True)
+        return t.t * 1e3
+    b, x, h, kv, d = r[:5]
+    if kind == "prefill_attention":
+        return om.prefill_attention([(x, 0)] * b, h, kv, d).t * 1e3
+    return om.decode_attention(b * x, b, h, kv, d).t * 1e3
+
+
+def mape(gpu: str, c: ArchConstants, data: dict[str, list], kinds: tuple[str, ...]) -> dict[str, float]:
+    om = OpModel(get_gpu(gpu), constants=c)
+    res = {}
+    for kind in kinds:
+        rows = data[kind]
+        errs = [abs(predict(om, kind, r) - r[-1]) / r[-1] for r in rows]
+        res[kind] = 100.0 * float(np.mean(errs))
+    return res
+
+
+def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], maxiter: int) -> ArchConstants:
+    names = GROUPS[group]
+    kinds = ("gemm",) if group == "gemm" else ("prefill_attention", "decode_attention")
+    x0 = np.array([math.log(getattr(base, n)) for n in names])
+
+    def consts(x: np.ndarray) -> ArchConstants:
+        vals = {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
+        for n in BOUNDED & vals.keys():
+            vals[n] = min(vals[n], 1.0)
+        return replace(base, **vals)
+
+    def loss(x: np.ndarray) -> float:
+        m = mape(gpu, consts(x), data, kinds)
+        return sum(m.values()) / len(m)
+
+    r = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": maxiter, "xatol": 1e-3, "fatol": 1e-3})
+    return consts(r.x)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/constants.json")
+    ap.add_argument("--maxiter", type=int, default=400)
+    ap.add_argument("--clock", choices=("boost", "forecast"), default="boost",
+                    help="clock for the GEMM rows: boost, or forecast from the power cap")
+    ap.add_argument("--groups", default="gemm,attention")
+    ap.add_argument("--max-rows", type=int, default=2500, help="rows per kind used in the fit (random sample)")
+    args = ap.parse_args()
+    t0 = time.time()
+    CLOCK["mode"] = args.clock
+    fitted: dict[str, ArchConstants] = {}
+    data = {f: load(f, args.max_rows) for f in GPUS}
+    for folder, (gpu, arch) in GPUS.items():
+        c = ARCH[arch]
+        for group in args.groups.split(","):
+            c = fit_group(gpu, c, group, data[folder], args.maxiter)
+            print(f"{folder} {group}: " + ", ".join(f"{n}={getattr(c, n):.4g}" for n in GROUPS[group]),
+                  flush=True)
+        fitted[arch] = replace(c, fitted_on=f"opbench {folder} ({gpu})")
+    full = {f: load(f, 10**9) for f in GPUS}
+    kinds = ("gemm", "prefill_attention", "decode_attention")
+    report = {"fitted": {a: {n: getattr(c, n) for g in GROUPS.values() for n in g} for a, c in fitted.items()},
+              "in_sample": {}, "leave_one_gpu_out": {}, "seconds": None}
+    for folder, (gpu, arch) in GPUS.items():
+        report["in_sample"][gpu] = mape(gpu, fitted[arch], full[folder], kinds)
+        other = "ampere" if arch == "hopper" else "hopper"
+        report["leave_one_gpu_out"][gpu] = mape(gpu, replace(fitted[other]), full[folder], kinds)
+        report["leave_one_gpu_out"][gpu]["constants_from"] = other
+    report["seconds"] = round(time.time() - t0, 1)
+    report["constants"] = {a: asdict(c) for a, c in fitted.items()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2, default=list))
+    print(json.dumps({k: report[k] for k in ("in_sample", "leave_one_gpu_out")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
