@@ -1,0 +1,47 @@
+"""Measure the SM clock under projection-GEMM load and whole decoder steps on this GPU, and score m2live's
+predictions (live clock / forecast / boost). Needs PyTorch with CUDA and nvidia-ml-py; --dry-run runs the
+same pipeline on the CPU with tiny shapes and a replayed clock."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR",
+                   help="where probe.json and probe.png go (default results/probe/<gpu>-<date>)")
+    p.add_argument("--quick", action="store_true",
+                   help="M in {1,16,64,256,1024,4096,16384}, 8-layer steps, ~2-3 min (capped by --time-limit 330)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU, tiny shapes, replayed clock, perf_counter timing: exercises the pipeline only")
+    p.add_argument("--gpu", metavar="NAME",
+                   help="catalog GPU to predict for (default: the NVML name of the device measured)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop starting new cells after S seconds and write what was measured "
+                        "(default: 330 with --quick, none otherwise)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random cell order and weights")
+    p.add_argument("--no-plot", action="store_true", help="write probe.json only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..probe import run_probe
+
+    console = Console(highlight=False, soft_wrap=True)
+    doc = run_probe(args.out, quick=args.quick, dry_run=args.dry_run, gpu=args.gpu, seed=args.seed,
+                    time_limit_s=args.time_limit, say=console.print, plot=not args.no_plot)
+    gm, sm = doc["mape"].get("gemm", {}), doc["mape"].get("steps", {})
+
+    def fmt(m: dict) -> str:
+        return "  ".join(f"{k} {v:.1f}%" for k, v in m.items() if v is not None) or "n/a"
+
+    console.print(f"GEMM MAPE: {fmt(gm)}")
+    for mode, m in sm.items():
+        console.print(f"step MAPE ({mode}): {fmt(m)}")
+    peak = doc.get("peak_memory_gb")
+    console.print(f"{'complete' if doc['complete'] else 'PARTIAL'} in {doc['duration_s']:.0f} s"
+                  f"{f', peak device memory {peak:.1f} GB' if peak else ''}; wrote {doc['out_dir']}")
+    for e in doc["errors"]:
+        console.print(f"[yellow]warning:[/yellow] {e}")
+    return 0 if doc["complete"] else 1
