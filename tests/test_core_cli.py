@@ -1,0 +1,131 @@
+"""The ★ CLI contracts of ops / validate / predict, accuracy floors on the calibration tables, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import OPBENCH
+
+from m2live.validate import score_directory
+
+M2 = [sys.executable, "-m", "m2live"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+def test_ops_predicts_rows_without_latency_column(tmp_path):
+    src = tmp_path / "g.csv"
+    src.write_text("m,n,k\n1,4096,4096\n4096,4096,4096\n")
+    out = tmp_path / "o.csv"
+    p = run("ops", str(src), "--gpu", "h100-sxm", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert [r["m"] for r in rows] == ["1", "4096"]
+    small, big = (float(r["predicted_ms"]) for r in rows)
+    assert 0.005 < small < 0.05 and 0.1 < big < 0.4  # ~10 us weight read; ~0.17 ms of 137 GFLOP
+
+
+def test_ops_never_reads_latency_column(tmp_path):
+    rows = "device,m,n,k,latency_ms\nNVIDIA A100-SXM4-80GB,64,4096,4096,{}\n"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(rows.format("0.001"))
+    b.write_text(rows.format("999"))
+    pa, pb = run("ops", str(a)), run("ops", str(b))
+    assert pa.returncode == 0 and pb.returncode == 0
+    assert pa.stdout.splitlines()[1].split(",")[-1] == pb.stdout.splitlines()[1].split(",")[-1]
+
+
+def test_ops_attention_kinds_from_step_column(tmp_path):
+    src = tmp_path / "attn.csv"
+    src.write_text("batch_size,isl,num_heads,num_key_value_heads,head_dim,step\n"
+                   "4,2048,32,8,128,0\n64,1,32,8,128,2047\n")
+    p = run("ops", str(src), "--gpu", "NVIDIA H100 80GB HBM3")
+    assert p.returncode == 0, p.stderr
+    pre, dec = (float(line.split(",")[-1]) for line in p.stdout.splitlines()[1:])
+    assert pre > 0.05 and 0.05 < dec < 0.5
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("m,n\n1,2\n", "cannot tell the operator kind"),
+    ("m,n,k\n1,abc,3\n", "not a number"),
+    ("m,n,k\n0,4096,4096\n", ">= 1"),
+    ("m,n,k\n1.5,4096,4096\n", "integer"),
+    ("batch_size,isl,num_heads,num_key_value_heads,head_dim,step\n1,1,32,5,128,0\n", "multiple"),
+    ("", "empty file"),
+])
+def test_ops_malformed_csv_is_one_line_exit_2(tmp_path, content, needle):
+    src = tmp_path / "bad.csv"
+    src.write_text(content)
+    assert needle in one_line_error(run("ops", str(src), "--gpu", "h100-sxm"))
+
+
+def test_ops_unknown_gpu_and_missing_device(tmp_path):
+    src = tmp_path / "g.csv"
+    src.write_text("m,n,k\n1,4096,4096\n")
+    assert "close matches" in one_line_error(run("ops", str(src), "--gpu", "H100 SMX5"))
+    assert "no GPU" in one_line_error(run("ops", str(src)))
+    assert "no such" in one_line_error(run("validate", str(src.parent / "nope")))
+
+
+def test_predict_json_breakdown_and_bad_input(tmp_path):
+    p = run("predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B", "--prefill", "2048",
+            "--decode", "900x2", "--clock-mhz", "1500", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["clock_source"] == "live" and d["step"]["decode_reqs"] == 2 and d["total_s"] > 0
+    assert set(d["ops"]) >= {"qkv", "attn_prefill", "attn_decode", "lm_head"}
+    table = run("predict", "--gpu", "a100-80gb", "--prefill", "512x2", "--decode", "100")
+    assert table.returncode == 0 and "gate_up" in table.stdout and "f_clk" in table.stdout
+    one_line_error(run("predict", "--gpu", "h100", "--decode", "-5"))
+    one_line_error(run("predict", "--gpu", "h100", "--prefill", "0"))
+    one_line_error(run("predict", "--gpu", "h100"))  # empty step
+    assert "does not divide" in one_line_error(run("predict", "--gpu", "h100", "--model", "Qwen/Qwen2.5-7B",
+                                                   "--tp", "8", "--decode", "10"))
+    broken = tmp_path / "config.json"
+    broken.write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert "missing" in one_line_error(run("predict", "--gpu", "h100", "--model", str(broken), "--decode", "5"))
+
+
+def test_validate_cli_reports_every_gpu_and_kind():
+    p = run("validate", str(OPBENCH), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    kinds = {(r["gpu"], r["kind"]) for r in res}
+    for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"):
+        for kind in ("gemm", "prefill_attention", "decode_attention"):
+            assert (gpu, kind) in kinds
+
+
+# Accuracy floors on the calibration tables: they fail when the model regresses. (The headline figures are
+# benchmarks: `make bench` → results/accuracy.json.) The constant-0.75 roofline scores 23.6 % (A100) and
+# 14.5 % (H100) on the GEMM region.
+FLOORS = {("gemm", "core"): 10.0, ("prefill_attention", "core"): 16.0, ("decode_attention", "core"): 22.0}
+
+
+@pytest.fixture(scope="module")
+def scores() -> list[dict]:
+    return score_directory(OPBENCH)
+
+
+@pytest.mark.parametrize("kind_region", list(FLOORS))
+def test_accuracy_floor_on_calibration_gpus(scores, kind_region):
+    kind, region = kind_region
+    rows = [r for r in scores if r["kind"] == kind and r["region"] == region]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["mape"] <= FLOORS[kind_region], (r["gpu"], kind, r["mape"])
+        assert abs(r["bias"]) < 8.0, (r["gpu"], kind, r["bias"])
