@@ -341,6 +341,9 @@ class PrometheusExporter:
         own = {"slo_violations_total": float(sum(st.violations for st in states.values())),
                "exporter_dropped_total": float(self.dropped), "exporter_errors_total": float(self.errors)}
         values = {k: 0.0 for k in SCRAPE_COUNTERS} | own | extra
+        for k in ("exporter_dropped_total", "exporter_errors_total"):  # the caller's and ours: both count
+            if k in extra:
+                values[k] = own[k] + extra[k]
         for k, v in values.items():
             base = k[:-len("_total")] if k.endswith("_total") else k
             if not _NAME_RE.match(base) or not math.isfinite(v) or v < 0:
