@@ -85,13 +85,16 @@ def main() -> int:
         vm = validate_vidur(vidur_root)
         va = validate_vidur(vidur_root, ms=None)
         va.pop("points")  # ~1000 points: keep the summaries
+        va["layouts"].pop("points")
         result["vidur"] = {"root": str(vidur_root), "m_set": vm, "all_num_tokens": va,
                            "seconds": time.perf_counter() - t0}
     result["examples"] = example_plans()
     result["notes"] = (
         "Ranking decision quality on measured tables. With the available GPUs (A100/H100 in opbench; A100/H100/A40 "
-        "in Vidur) the measured best is the H100 at every point, so top-1, Spearman and regret are necessary but "
-        "weak checks; relative_speed_error (predicted vs measured time ratio to the best GPU) is the sharper one."
+        "in Vidur) the measured best GPU is the H100 at every point, so per-GPU top-1, Spearman and regret are "
+        "necessary but weak checks; relative_speed_error (predicted vs measured time ratio to the best GPU) is "
+        "sharper. The 'layouts' blocks rank every GPU x TP layout by GPU-time (TP x shard time), where the "
+        "measured winner changes with M (A100 tp1 vs H100 tp1/tp2): a decision that is not trivial."
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,6 +105,10 @@ def main() -> int:
           f"Spearman {s['spearman_mean']:+.2f}, regret {s['regret_mean']:.2%}, "
           f"speed-ratio error {s['relative_speed_error_mean']:.1%} "
           f"(roofline {opbench['baseline_summary']['relative_speed_error_mean']:.1%})")
+    lay = opbench["layouts"]["summary"]
+    print(f"opbench GPU x TP layouts (GPU-time): {lay['points']} points, top-1 {lay['top1_hit_rate']:.0%}, "
+          f"Spearman {lay['spearman_mean']:+.3f}, pairwise {lay['pairwise_accuracy']:.1%} (roofline "
+          f"{opbench['layouts']['baseline_summary']['pairwise_accuracy']:.1%}), regret {lay['regret_mean']:.2%}")
     if "vidur" in result:
         for key in ("m_set", "all_num_tokens"):
             v = result["vidur"][key]
@@ -110,6 +117,11 @@ def main() -> int:
                   f"Spearman {s['spearman_mean']:+.2f}, regret {s['regret_mean']:.2%}, speed-ratio error "
                   f"{s['relative_speed_error_mean']:.1%} (roofline "
                   f"{v['baseline_summary']['relative_speed_error_mean']:.1%})")
+            lay, lb = v["layouts"]["summary"], v["layouts"]["baseline_summary"]
+            print(f"  GPU x TP layouts: {lay['points']} points, top-1 {lay['top1_hit_rate']:.0%} (roofline "
+                  f"{lb['top1_hit_rate']:.0%}), Spearman {lay['spearman_mean']:+.3f}, pairwise "
+                  f"{lay['pairwise_accuracy']:.1%} (roofline {lb['pairwise_accuracy']:.1%}), regret "
+                  f"{lay['regret_mean']:.2%} (max {lay['regret_max']:.1%})")
     for e in result["examples"]:
         best = e["top"][0] if e["top"] else None
         pick = f"{best['gpu']} tp{best['tp']} {best['output_tokens_per_s_per_gpu']:.0f} tok/s/GPU" if best else "-"

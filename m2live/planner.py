@@ -666,15 +666,25 @@ class DecisionPoint:
     name: str
     m: int
     shapes: tuple[tuple[int, int], ...]
-    measured_ms: dict[str, float]  # gpu -> summed measured time
+    measured_ms: dict[str, float]  # item -> summed measured time (an item is a GPU, or a GPU x TP layout)
     exact: bool = True
+    # item -> (gpu, its shapes, GPUs it occupies); None: items are GPUs running ``shapes``
+    items: dict[str, tuple[str, tuple[tuple[int, int], ...], int]] | None = None
+
+    def item(self, label: str) -> tuple[str, tuple[tuple[int, int], ...], int]:
+        if self.items is not None and label in self.items:
+            return self.items[label]
+        return label, self.shapes, 1
 
 
 def _decide(fn: Callable[[str, int, int, int], float], gpus: list[str], meas: list[float],
             pt: DecisionPoint) -> dict:
     """One point: the predicted pick, its regret, rank agreement and speed-ratio error."""
     best = min(meas)
-    pred = [sum(fn(g, pt.m, n, k) for n, k in pt.shapes) for g in gpus]
+    pred = []
+    for label in gpus:
+        gpu, shapes, ngpu = pt.item(label)
+        pred.append(ngpu * sum(fn(gpu, pt.m, n, k) for n, k in shapes))
     pick = min(range(len(gpus)), key=lambda i: pred[i])
     regret = meas[pick] / best - 1.0
     pairs = agree = 0
@@ -777,11 +787,56 @@ def validate_opbench(dirs: Sequence[str], ms: Sequence[int] = VALIDATION_MS) -> 
     out["workloads"] = sorted({(w.name, tuple(map(tuple, w.shapes))) for w in workloads})
     out["workloads"] = [{"name": n, "shapes": [list(s) for s in sh]} for n, sh in out["workloads"]]
     out["ms"] = sorted({w.m for w in workloads})
+    out["layouts"] = score_points(opbench_layout_points(tables, ms), gemm_predictor(), roofline_predictor())
+    out["layouts"]["what"] = ("rank every GPU x TP layout of one model by GPU-time of its projections "
+                              "(TP x per-GPU shard time: the cost a per-GPU throughput ranking sees; no "
+                              "communication, the tables hold none)")
     out["predictor"] = "OpModel.gemm via validate.RowPredictor (boost clock, L2-warm as in the opbench loops)"
     out["baseline"] = "roofline max(FLOPs/peak, bytes/BW) with constant eta = 0.75"
     if len(tables) < 2:
         out["note"] = "fewer than two GPUs: nothing to rank"
     return out
+
+
+def opbench_layout_points(tables: Sequence[GemmTable], ms: Sequence[int] = VALIDATION_MS) -> list[DecisionPoint]:
+    """Per preset model and M: every GPU x TP layout as one item, valued at its GPU-time (TP x the time of its
+    TP-sharded projections, mapped to the nearest common (N, K)), so layouts of different GPUs and degrees
+    compete the way the planner's per-GPU throughput ranking makes them."""
+    from .shapes import PRESETS
+
+    if len(tables) < 1:
+        return []
+    common = set.intersection(*[{(n, k) for (_, n, k) in t.cells} for t in tables])
+    common = {(n, k) for n, k in common if n >= 512 and k >= 512}
+    if not common:
+        return []
+    points: list[DecisionPoint] = []
+    seen: set[tuple] = set()
+    for name in PRESETS:
+        shape = get_model(name)
+        sig = (shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        by_tp: dict[int, tuple[tuple[int, int], ...]] = {}
+        for tp in (1, 2, 4, 8):
+            try:
+                real = tuple(shape.sharded(tp).gemms().values())
+            except ModelShapeError:
+                continue
+            by_tp[tp] = tuple(nk if nk in common else _nearest(nk, common) for nk in real)
+        for m in ms:
+            items: dict[str, tuple[str, tuple[tuple[int, int], ...], int]] = {}
+            meas: dict[str, float] = {}
+            for t in tables:
+                for tp, shapes in by_tp.items():
+                    if all((m, n, k) in t.cells for n, k in shapes):
+                        label = f"{t.gpu} tp{tp}"
+                        items[label] = (t.gpu, shapes, tp)
+                        meas[label] = tp * sum(t.cells[(m, n, k)] for n, k in shapes)
+            if len(items) >= 2:
+                points.append(DecisionPoint(f"{shape.name.split('/')[-1]} layouts", m, (), meas, False, items))
+    return points
 
 
 # ---- Vidur's per-operator profiles ------------------------------------------------------------------------
@@ -839,12 +894,24 @@ def load_vidur_points(root: str | Path, ms: Sequence[int] | None = VALIDATION_MS
     points = [DecisionPoint(f"{model} tp{tp}", m, shapes[(model, tp)],
                             {g: sum(v) / len(v) for g, v in per.items()})
               for (model, tp, m), per in sorted(meas.items())]
-    return points, {"gpus_used": used, "skipped": skipped}
+    layouts: dict[tuple[str, int], DecisionPoint] = {}
+    for (model, tp, m), per in sorted(meas.items()):
+        lp = layouts.setdefault((model, m), DecisionPoint(f"{model} layouts", m, (), {}, True, {}))
+        for g, v in per.items():
+            lp.measured_ms[f"{g} tp{tp}"] = tp * sum(v) / len(v)
+            assert lp.items is not None
+            lp.items[f"{g} tp{tp}"] = (g, shapes[(model, tp)], tp)
+    return points, {"gpus_used": used, "skipped": skipped,
+                    "layout_points": [p for p in layouts.values() if len(p.measured_ms) >= 2]}
 
 
 def validate_vidur(root: str | Path, ms: Sequence[int] | None = VALIDATION_MS) -> dict:
     points, info = load_vidur_points(root, ms)
+    layout_points = info.pop("layout_points")
     out = score_points(points, gemm_predictor(), roofline_predictor())
     out.update(info)
+    out["layouts"] = score_points(layout_points, gemm_predictor(), roofline_predictor())
+    out["layouts"]["what"] = ("rank every GPU x TP layout by GPU-time of its projections (TP x the time "
+                              "Vidur measured for a 1/TP weight shard; no communication)")
     out["ms"] = "all" if ms is None else sorted({p.m for p in points})
     return out

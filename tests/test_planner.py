@@ -360,6 +360,10 @@ def test_validate_on_real_opbench_tables(capsys):
     assert s["relative_speed_error_mean"] <= 0.15  # predicted GPU speed ratios within 15 % of measured
     for p in out["points"]:
         assert set(p["measured_ms"]) == set(out["gpus"]) and all(v > 0 for v in p["predicted_ms"].values())
+    # GPU x TP layouts by GPU-time: the measured winner changes with M (H100 tp1 vs tp2), so order matters
+    lay = out["layouts"]["summary"]
+    assert lay["points"] >= 7 and lay["pairwise_accuracy"] >= 0.9 and lay["regret_mean"] <= 0.03
+    assert len(out["layouts"]["measured_winners"]) >= 2
     rc = main(["rank", "--validate", *dirs, "--json"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["summary"] == json.loads(json.dumps(s))
 
@@ -371,3 +375,5 @@ def test_validate_on_vidur_profiles():
     assert {"NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"} <= used
     assert s["points"] >= 4 * 6  # Llama-2-7b-hf at TP 1/2/4/8 x M in {1,...,4096}
     assert s["top1_hit_rate"] >= 0.9 and s["regret_mean"] <= 0.02 and s["spearman_mean"] >= 0.8
+    lay = out["layouts"]["summary"]
+    assert lay["points"] >= 6 and lay["pairwise_accuracy"] >= 0.9 and lay["regret_mean"] <= 0.03

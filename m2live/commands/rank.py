@@ -291,7 +291,15 @@ def run_validate(args: argparse.Namespace) -> int:
     t.add_row("all", *fmt(out["summary"]))
     if "baseline_summary" in out:
         t.add_row("roofline η=0.75", *fmt(out["baseline_summary"]))
+    lay = out.get("layouts")
+    if lay and lay["summary"].get("points"):
+        t.add_section()
+        t.add_row("GPU×TP layouts", *fmt(lay["summary"]))
+        if "baseline_summary" in lay:
+            t.add_row("  roofline η=0.75", *fmt(lay["baseline_summary"]))
     c.print(t)
+    if lay and lay["summary"].get("points"):
+        c.print(f"GPU×TP layouts: {lay['what']}; measured best: {lay['measured_winners']}")
     c.print(f"measured best GPU per point: {out['measured_winners']}")
     if "note" in out:
         c.print(f"[yellow]{out['note']}[/yellow]")
