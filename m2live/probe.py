@@ -658,7 +658,9 @@ def _summarise_gemm(cells: list[dict]) -> dict:
     for op in sorted({c["op"] for c in done}):
         by_op[op] = {src: mape((c["pred"][src]["time_s"], c["time_s"]) for c in done
                                if c["op"] == op and src in c["pred"]) for src in ("live", "forecast", "boost")}
-    return {"mape": out, "mape_by_op": by_op, "cells_measured": len(done)}
+    # the power-cap forecast of the clock itself, against the clock measured (the seed's open item)
+    clk = mape((c["pred"]["forecast"]["f_clk"], c["pred"]["live"]["f_clk"]) for c in done if "live" in c["pred"])
+    return {"mape": out, "mape_by_op": by_op, "clock_forecast_mape": clk, "cells_measured": len(done)}
 
 
 def _clock_summary(cells: list[dict], max_mhz: float | None) -> dict:
@@ -681,6 +683,11 @@ def _summarise_steps(cells: list[dict]) -> dict:
         res[mode] = {src: mape((c["pred"][src]["time_s"], c["time_s"]) for c in mine if src in c["pred"])
                      for src in ("live", "forecast", "boost")}
     return res
+
+
+def _step_clock_forecast_mape(cells: list[dict]) -> float | None:
+    return mape((c["pred"]["forecast"]["f_clk"], c["pred"]["live"]["f_clk"]) for c in cells
+                if c.get("time_s") and "live" in c["pred"])
 
 
 def _open_env(dry_run: bool, gpu_override: str | None, plan: ProbePlan) -> _Env:
@@ -893,6 +900,7 @@ def _run_steps(env: _Env, plan: ProbePlan, doc: dict, writer: _Writer, say: Call
             cells.append(cell)
             del launch
             sec["mape"] = _summarise_steps(cells)
+            sec["clock_forecast_mape"] = _step_clock_forecast_mape(cells)
             writer.flush()
             e = cell["err"]
             say(f"step {sp.name:34s} [{mode:5s}] {t_meas * 1e3:9.3f} ms  clock "
@@ -966,7 +974,9 @@ def run_probe(out: str | os.PathLike | None = None, *, quick: bool = False, dry_
         if in_main and old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
         doc["peak_memory_gb"] = env.dev.peak_memory_gb()
-        doc["mape"] = {"gemm": doc["gemm"].get("mape", {}), "steps": doc["steps"].get("mape", {})}
+        doc["mape"] = {"gemm": doc["gemm"].get("mape", {}), "steps": doc["steps"].get("mape", {}),
+                       "clock_forecast": {"gemm": doc["gemm"].get("clock_forecast_mape"),
+                                          "steps": doc["steps"].get("clock_forecast_mape")}}
         writer.flush()
         if plot:
             _plot_safe(out_dir, doc, say)

@@ -85,6 +85,8 @@ def test_dry_run_gemm_cells_are_complete_and_finite(dry_run):
     assert set(m) == {"live", "forecast", "boost"} and all(math.isfinite(v) and v > 0 for v in m.values())
     assert m["boost"] == pytest.approx(mape((c["pred"]["boost"]["time_s"], c["time_s"]) for c in cells))
     assert set(doc["gemm"]["mape_by_op"]) == set(plan.gemm_ops)
+    assert doc["mape"]["clock_forecast"]["gemm"] == pytest.approx(
+        mape((c["pred"]["forecast"]["f_clk"], c["pred"]["live"]["f_clk"]) for c in cells))
     assert set(doc["gemm"]["clock_summary"]) == set(plan.gemm_ops)
 
 

@@ -1,6 +1,7 @@
-"""Measure the SM clock under projection-GEMM load and whole decoder steps on this GPU, and score m2live's
-predictions (live clock / forecast / boost). Needs PyTorch with CUDA and nvidia-ml-py; --dry-run runs the
-same pipeline on the CPU with tiny shapes and a replayed clock."""
+"""Measure clock droop and step times on this GPU; score m2live's predictions (live, forecast, boost clock).
+
+Needs PyTorch with CUDA and nvidia-ml-py; --dry-run runs the same pipeline on the CPU with tiny shapes, a
+replayed clock and perf_counter timing."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"GEMM MAPE: {fmt(gm)}")
     for mode, m in sm.items():
         console.print(f"step MAPE ({mode}): {fmt(m)}")
+    cf = doc["mape"].get("clock_forecast", {})
+    if cf.get("gemm") is not None:
+        console.print(f"clock forecast vs measured clock, MAPE: GEMMs {cf['gemm']:.1f}%"
+                      + (f", steps {cf['steps']:.1f}%" if cf.get("steps") is not None else ""))
     peak = doc.get("peak_memory_gb")
     console.print(f"{'complete' if doc['complete'] else 'PARTIAL'} in {doc['duration_s']:.0f} s"
                   f"{f', peak device memory {peak:.1f} GB' if peak else ''}; wrote {doc['out_dir']}")
