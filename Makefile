@@ -6,7 +6,8 @@ STAMP := $(VENV)/.m2live-installed
 export HF_HUB_OFFLINE := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking clean
+.PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking \
+	fit probe-dry clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +50,15 @@ bench-plugin: venv
 
 bench-admission: venv servers
 	$(BIN)/python bench/admission.py --out results/admission.json
+
+# Re-fit the per-architecture constants on the calibration tables (copy the values into m2live/efficiency.py).
+fit: venv
+	$(BIN)/python bench/fit_constants.py --out results/constants.json
+
+# The GPU probe's whole pipeline on CPU (tiny shapes, replayed clock); the real run needs an NVIDIA GPU:
+#   PYTHONPATH=. python3 -m m2live probe --quick --out results/probe/<gpu>-<date>
+probe-dry: venv
+	$(BIN)/python -m m2live probe --dry-run --out results/probe/dry-run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

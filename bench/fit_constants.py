@@ -1,8 +1,9 @@
 """Fit the per-architecture constants of m2live/efficiency.py on the calibration tables, and check transfer.
 
 Fits, per GPU folder of ../shared/data/opbench (A100-SXM4-80GB → ampere, H100 80GB HBM3 → hopper):
-  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, l2_speedup   on GEMMs with N,K in [1024, 16384]
-  attention group  t_attn, eta_attn, k0_attn, eta_attn_mem, cta_cost, cta_bw   on head_dim-128 attention rows
+  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, overlap   on GEMMs with N,K in [1024, 16384]
+  attention group  t_attn, t_attn_over, eta_attn, k0_attn, eta_attn_mem, item_cost, block_cost, cta_bw
+                   on head_dim-128 attention rows
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants).
 Leave-one-GPU-out: the constants fitted on one GPU predict the other from its datasheet alone.
 Writes results/constants.json; the values are then copied into efficiency.py with this file named as their source.
@@ -33,7 +34,7 @@ from m2live.validate import in_core_region, measured, read_table  # noqa: E402
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper")}
 GROUPS = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "l2_speedup"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw"),
 }

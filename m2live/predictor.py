@@ -5,10 +5,13 @@
     T_blocks = N_L * (t_qkv + t_o + t_gate_up + t_down + t_attn_prefill + t_attn_decode + t_light + t_allreduce)
                + t_lm_head
 
-Every operator term is a roofline max of a compute branch and a memory branch plus one fixed kernel latency:
+Every operator term is a roofline of a compute branch and a memory branch plus one fixed kernel latency:
 
-    t_op = t_kernel + max( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
-                           bytes / (BW * eta_mem) )
+    t_op = t_kernel + softmax_p( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
+                                 bytes / (BW * eta_mem) )
+
+where softmax_p(a, b) = (a^p + b^p)^(1/p) is the roofline max with imperfect overlap of the two near the
+ridge (p -> infinity is the hard max; p is fitted per architecture).
 
 ``OpModel`` prices single operators on a GPU (used by ``m2live ops`` / ``validate``); ``Predictor`` adds the
 model shape, tensor parallelism and host terms for whole steps.
@@ -124,7 +127,9 @@ class OpModel:
         return self._op(tc, tm, factors)
 
     def _op(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
-        return OpTime(self.c.t_kernel + max(tc, tm), branch(tc, tm, self.c.t_kernel), tc, tm, factors)
+        p = self.c.overlap
+        body = (tc**p + tm**p) ** (1.0 / p)
+        return OpTime(self.c.t_kernel + body, branch(tc, tm, self.c.t_kernel), tc, tm, factors)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
@@ -285,6 +290,8 @@ class Predictor:
         # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
         tk = o.c.t_kernel
         bw_mem = o.bw * o.c.eta_mem
+        ov = o.c.overlap
+        inv_ov = 1.0 / ov
         if breakdown:
             wave_d: dict[str, float] = {}
             active_d: dict[str, float] = {}
@@ -295,7 +302,7 @@ class Predictor:
             tc, nbytes, wave, active, duty = o._gemm_base(T, n, k)
             tc /= f
             tm = nbytes / bw_mem
-            body = tc if tc > tm else tm
+            body = (tc**ov + tm**ov) ** inv_ov
             ops[name] = (tk + body) * L
             if breakdown:
                 bound[name] = branch(tc, tm, tk)
