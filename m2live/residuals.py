@@ -8,8 +8,8 @@ sit from the modelled efficiencies on this device. ``ResidualTracker`` fits thos
 
 with ``t_mm`` the predicted projection/light/LM-head body and ``t_attn`` the predicted attention body (both from
 the mechanistic Prediction, so clock, shapes and batch composition stay mechanistic). The fit is weighted least
-squares on relative error (weight 1/measured²), with exponential forgetting (recent steps count more), a Huber
-down-weighting of outliers, and a ridge pull toward the prior (a = 0, b = 1, c = 0) so that it is sane from
+squares on relative error (weight 1/measured) over a rolling window (recent steps only), robust (Huber then Tukey
+weights: outliers such as a preempted CPU get no weight), and a ridge pull toward the prior (a = 0, b = 1, c = 0) so that it is sane from
 the first few steps. Until ``min_fit`` steps are seen, the correction is the rolling median ratio.
 
 Every correction is scored out of sample: ``update`` first records the error of the correction it would have
@@ -20,15 +20,11 @@ uses it as a safety margin).
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 
 from .predictor import Prediction
 from .step import Step
-
-_ATTN_OPS = ("attn_prefill", "attn_decode")
-_HOST_OPS = ("launch", "host", "sampling")
 
 
 def features(prediction: Prediction, step: Step) -> tuple[float, float, float, float]:
@@ -40,37 +36,41 @@ def features(prediction: Prediction, step: Step) -> tuple[float, float, float, f
 
 
 class ResidualTracker:
-    def __init__(self, window: int = 256, forget: float = 0.995, min_fit: int = 8, ridge: float = 0.05):
+    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 0.05, refit_every: int = 32):
         if window < 8:
             raise ValueError(f"residual window must be >= 8, got {window}")
-        if not (0.5 < forget <= 1.0):
-            raise ValueError(f"forgetting factor must be in (0.5, 1], got {forget}")
         self.window = window
-        self.forget = forget
         self.min_fit = min_fit
         self.ridge = ridge
+        self.refit_every = max(1, refit_every)
         self.n = 0
         self._prior = np.array([0.0, 1.0, 1.0, 0.0])
-        self._A = np.zeros((4, 4))
-        self._b = np.zeros(4)
-        self._wsum = 0.0
+        # ring buffers over the last `window` steps
+        self._X = np.zeros((window, 4))
+        self._y = np.zeros(window)  # measured (ms)
+        self._p = np.zeros(window)  # raw predicted total (ms)
+        self._raw = np.zeros(window)  # out-of-sample relative errors (measured − estimate) / measured
+        self._cor = np.zeros(window)
+        self._i = 0
         self._theta: tuple[float, float, float, float] | None = None
-        # out-of-sample relative errors (measured − estimate) / measured
-        self._raw: deque[float] = deque(maxlen=window)
-        self._cor: deque[float] = deque(maxlen=window)
-        self._ratio: deque[float] = deque(maxlen=window)  # measured / raw predicted
         self._ratio_median = 1.0
         self._upper_cache: dict[float, float] = {}
-        self._mad = 0.1
+
+    def _filled(self) -> int:
+        return min(self.n, self.window)
 
     # --- estimates --------------------------------------------------------------------------------
     def correct(self, prediction: Prediction, step: Step) -> float:
         """Corrected expected step time in seconds (the raw prediction stays in ``prediction.total_s``)."""
         th = self._theta
         if th is not None:
-            x = features(prediction, step)
-            est = (th[0] + th[1] * x[1] + th[2] * x[2] + th[3] * x[3]) * 1e-3
-            if est > 0.2 * prediction.total_s * self._ratio_median and est > 0:
+            ops = prediction.ops
+            t_attn = ops.get("attn_prefill", 0.0) + ops.get("attn_decode", 0.0)
+            t_mm = prediction.t_blocks - t_attn
+            if t_mm < 0.0:
+                t_mm = 0.0
+            est = th[0] * 1e-3 + th[1] * t_mm + th[2] * t_attn + th[3] * 1e-3 * step.num_seqs
+            if est > 0.0:
                 return est
         return prediction.total_s * self._ratio_median
 
@@ -79,9 +79,10 @@ class ResidualTracker:
         est = self.correct(prediction, step)
         m = self._upper_cache.get(q)
         if m is None:
-            if len(self._cor) >= 4:
+            k = self._filled()
+            if k >= 4:
                 # relative error r = (measured − est)/measured → measured = est / (1 − r)
-                r = float(np.quantile(np.fromiter(self._cor, float), q))
+                r = float(np.quantile(self._cor[:k], q))
                 m = 1.0 / max(0.2, 1.0 - r) if r > 0 else 1.0
             else:
                 m = 1.5  # no evidence yet: a wide margin
@@ -92,57 +93,63 @@ class ResidualTracker:
     def update(self, step: Step, prediction: Prediction, measured_s: float) -> None:
         if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
             return
-        est = self.correct(prediction, step)
-        r_cor = (measured_s - est) / measured_s
-        self._raw.append((measured_s - prediction.total_s) / measured_s)
-        self._cor.append(r_cor)
-        self._ratio.append(measured_s / prediction.total_s)
-        self._upper_cache.clear()
+        est = self.correct(prediction, step)  # scored before learning from this step
+        i = self._i
+        self._X[i] = features(prediction, step)
+        self._y[i] = 1e3 * measured_s
+        self._p[i] = 1e3 * prediction.total_s
+        self._raw[i] = (measured_s - prediction.total_s) / measured_s
+        self._cor[i] = (measured_s - est) / measured_s
+        self._i = (i + 1) % self.window
         self.n += 1
-        if self.n <= 16 or self.n % 8 == 0:
-            self._ratio_median = float(np.median(np.fromiter(self._ratio, float)))
-            self._mad = max(0.02, float(np.median(np.abs(np.fromiter(self._cor, float)))))
+        self._upper_cache.clear()
+        every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
+        if self.n % every == 0 or self.n <= 2 * self.min_fit:
+            self._refit()
 
-        # weighted least squares on relative error with forgetting and a Huber weight
-        x = np.array(features(prediction, step))
-        y = 1e3 * measured_s
-        w = 1.0 / (y * y)
-        k = 3.0 * self._mad
-        if self.n > self.min_fit and abs(r_cor) > k:
-            w *= k / abs(r_cor)
-        self._A *= self.forget
-        self._b *= self.forget
-        self._wsum = self._wsum * self.forget + 1.0
-        self._A += w * np.outer(x, x)
-        self._b += w * y * x
-        if self.n >= self.min_fit:
-            self._solve()
-
-    def _solve(self) -> None:
-        # ridge toward the prior, scaled like one step's worth of evidence per unit of `ridge`
-        scale = np.maximum(np.diag(self._A) / max(self._wsum, 1.0), 1e-12)
-        lam = self.ridge * scale
-        A = self._A + np.diag(lam)
-        b = self._b + lam * self._prior
-        try:
-            th = np.linalg.solve(A, b)
-        except np.linalg.LinAlgError:
+    def _refit(self) -> None:
+        k = self._filled()
+        X, y = self._X[:k], self._y[:k]
+        self._ratio_median = float(np.median(y / self._p[:k])) if k else 1.0
+        if k < self.min_fit:
             return
-        if not np.all(np.isfinite(th)):
-            return
-        # physical sanity: no negative time per unit of work or per sequence
-        th[1:] = np.maximum(th[1:], 0.0)
-        self._theta = (float(th[0]), float(th[1]), float(th[2]), float(th[3]))
+        # IRLS on relative error: Huber, then Tukey's biweight (gross outliers -- a preempted CPU, a GC pause --
+        # get zero weight); ridge toward the prior keeps the 4 terms sane on narrow data.
+        base = 1.0 / y
+        w = np.ones(k)
+        th = self._prior.copy()
+        for it in range(3):
+            sw = base * w
+            A = X * sw[:, None]
+            b = y * sw
+            G = A.T @ A
+            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12) * max(1.0, k / 64)
+            try:
+                th = np.linalg.solve(G + np.diag(lam), A.T @ b + lam * self._prior)
+            except np.linalg.LinAlgError:
+                return
+            th = np.maximum(th, 0.0)  # no negative floor, time per unit of work or per sequence
+            r = (y - X @ th) / y
+            s = 1.4826 * float(np.median(np.abs(r))) + 1e-3
+            u = np.abs(r) / s
+            if it == 0:
+                w = np.minimum(1.0, 1.345 / np.maximum(u, 1e-12))
+            else:
+                w = np.where(u < 4.685, (1 - (u / 4.685) ** 2) ** 2, 0.0)
+        if np.all(np.isfinite(th)):
+            self._theta = (float(th[0]), float(th[1]), float(th[2]), float(th[3]))
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
-        def med_abs(d: deque[float]) -> float | None:
-            return float(np.median(np.abs(np.fromiter(d, float)))) if d else None
+        k = self._filled()
+
+        def med_abs(a: np.ndarray) -> float | None:
+            return float(np.median(np.abs(a[:k]))) if k else None
 
         th = self._theta
         return {
             "n": self.n,
-            "window": len(self._cor),
+            "window": k,
             "median_abs_ratio_raw": med_abs(self._raw),
             "median_abs_ratio_corrected": med_abs(self._cor),
             "median_measured_over_predicted": self._ratio_median,

@@ -1,0 +1,24 @@
+"""Render a JSONL step trace (M2LIVE_TRACE) as a PNG: predicted/corrected vs measured, residuals, ops, clock."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="JSONL trace written by the plugin (M2LIVE_TRACE)")
+    p.add_argument("-o", "--out", default="report.png", help="PNG to write (default report.png)")
+    p.add_argument("--warmup", type=int, default=20, help="steps left out of the error summary (default 20)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from m2live.report import write_report
+
+    if not str(args.out).lower().endswith(".png"):
+        raise ValueError(f"output must be a .png file, got {args.out}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    s = write_report(args.trace, args.out, warmup=args.warmup)
+    er, ec = s["median_abs_error_raw"], s["median_abs_error_corrected"]
+    print(f"{args.out}: {s['steps']} steps; median |error| after warm-up: raw {er:.1%}, corrected {ec:.1%}")
+    return 0

