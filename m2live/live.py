@@ -123,6 +123,9 @@ class LiveMonitor:
         self.residuals = ResidualTracker(window=self.cfg.residual_window)
         self._stale_s = max(1.0, 50 * self.cfg.sample_ms / 1000.0)
         self._fault_every = self.cfg.fault_every
+        from .efficiency import ENERGY_PER_FLOP
+
+        self._has_power_model = ENERGY_PER_FLOP.get(self.gpu.arch, 0.0) > 0.0
         # --- admission ---------------------------------------------------------------------------------------
         self.admission = None
         self._admission_on = self.cfg.admission_on
@@ -384,7 +387,8 @@ class LiveMonitor:
                 pred = self.predictor.predict(step, clock_mhz=reading.sm_mhz)
                 source = s.source.name
             else:
-                pred = self.predictor.predict(step, f_clk=None)
+                # no live clock: the power-cap forecast (a device without a power model forecasts boost)
+                pred = self.predictor.predict(step, f_clk=None if self._has_power_model else 1.0)
                 source = "forecast"
             corrected = self.residuals.correct(pred, step)
             dec = self._decision
