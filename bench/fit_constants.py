@@ -34,7 +34,7 @@ from m2live.validate import in_core_region, measured, read_table  # noqa: E402
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper")}
 GROUPS = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw"),
 }

@@ -32,6 +32,7 @@ class ArchConstants:
     k0: float  # prologue+epilogue cost of one output tile, in K elements of main-loop work (eta_duty)
     t_kernel: float  # fixed latency of one kernel (s): dispatch inside a CUDA graph, pipeline fill, tail
     eta_mem: float  # streaming DRAM efficiency (achieved / datasheet bandwidth)
+    mem_ramp: float  # achieved DRAM bandwidth ramps with the bytes streamed: eta_mem * (1 - mem_ramp/sqrt(MB))
     overlap: float  # p of the soft roofline (tc^p + tm^p)^(1/p): imperfect compute/memory overlap near the ridge
     l2_speedup: float  # weight re-read from L2 (benchmark loops without a flush) vs from DRAM; never in serving
     # --- attention (vLLM's FlashAttention call: metadata, KV-cache write, the kernel) ---
@@ -55,30 +56,33 @@ class ArchConstants:
 # Fitted by bench/fit_constants.py (`make fit`) on ../shared/data/opbench ONLY: ampere on the A100-SXM4-80GB
 # tables, hopper on the H100 80GB HBM3 tables (GEMMs with N,K in [1024, 16384], every M; prefill and decode
 # attention with head_dim 128). results/constants.json holds the fit and its leave-one-GPU-out check. Reading:
-# - eta_tc 0.985 (A100) vs 0.814 (H100) of peak at the NVML max clock: the H100's tensor figure is quoted at
+# - eta_tc 0.98 (A100) vs 0.81 (H100) of peak at the NVML max clock: the H100's tensor figure is quoted at
 #   1830 MHz, not its 1980 MHz max, and it runs below max under tensor load even in short bursts — part of
 #   "eta_tc" on Hopper is f_clk, which is why the live clock matters most there.
-# - eta_mem 0.74 (HBM2e, A100) vs 0.87 (HBM3, H100): achieved/peak DRAM bandwidth of weight streaming.
+# - eta_mem 0.81 (HBM2e, A100) vs 0.94 (HBM3, H100): achieved/peak DRAM bandwidth of long weight streams;
+#   mem_ramp ~1.0 on BOTH GPUs (1.07 / 1.00, fitted independently): a transfer of W MB reaches
+#   (1 - 1/sqrt(W)) of it — the seed's eta_mem(W) law, and a constant that transfers across generations.
 # - i_crit 70 vs 32 elements: Hopper's wgmma reads operands from shared memory asynchronously, so smaller
 #   tiles still keep the tensor cores busy; Ampere's mma.sync needs 128-wide tiles.
-# - k0 308 / 160 K-elements: per-tile prologue/epilogue (Hopper's TMA pipeline fills faster).
-# - t_kernel ~3 us: a kernel's fixed time inside a CUDA graph; overlap p 3.1 / 5.3: how hard the roofline max is.
+# - k0 345 / 205 K-elements: per-tile prologue/epilogue (Hopper's TMA pipeline fills faster).
+# - t_kernel 1.4 / 2.2 us: a kernel's fixed time inside a CUDA graph; overlap p 3.2 / 4.8: how hard the
+#   roofline max is (compute and memory overlap less well near the ridge on Ampere).
 # - attention: ~12 us floor of one vLLM attention call on both GPUs; FlashAttention-2 (A100) at 0.58 and
 #   FlashAttention-3 (H100) at 0.63 of peak with a per-CTA ramp of 200 / 460 keys; ~3-5 us of SM time per
 #   (sequence x KV head) decode item or prefill block; one decode CTA streams 11 (A100) / 42 (H100) GB/s.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.9852, i_crit=70.39, k0=308.0, t_kernel=3.088e-06, eta_mem=0.743, overlap=3.063,
-        l2_speedup=1.0,  # no measurable L2 re-read gain in opbench's graph-replay loops (fit gave 1.00)
+        eta_tc=0.9862, i_crit=70.97, k0=345, t_kernel=1.397e-06, eta_mem=0.8061, overlap=3.24,
+        mem_ramp=1.071, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
         t_attn=1.257e-05, t_attn_over=9.288e-06, eta_attn=0.5834, k0_attn=202.8, eta_attn_mem=0.8896,
-        item_cost=3.78e-06, block_cost=4.887e-06, cta_bw=1.083e10,
+        item_cost=3.78e-06, block_cost=4.887e-06, cta_bw=1.083e+10,
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.8136, i_crit=32.29, k0=160.3, t_kernel=3.347e-06, eta_mem=0.8705, overlap=5.332,
-        l2_speedup=1.0,
-        t_attn=1.183e-05, t_attn_over=1.041e-05, eta_attn=0.6333, k0_attn=461.0, eta_attn_mem=0.929,
-        item_cost=3.176e-06, block_cost=4.023e-06, cta_bw=4.226e10,
+        eta_tc=0.813, i_crit=32.29, k0=204.6, t_kernel=2.187e-06, eta_mem=0.9392, overlap=4.713,
+        mem_ramp=0.9968, l2_speedup=1.0,
+        t_attn=1.183e-05, t_attn_over=1.041e-05, eta_attn=0.6333, k0_attn=460.8, eta_attn_mem=0.929,
+        item_cost=3.177e-06, block_cost=4.025e-06, cta_bw=4.228e+10,
         fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
 }
@@ -87,7 +91,7 @@ ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's 
 ARCH["blackwell"] = replace(ARCH["hopper"], borrowed_from="hopper (TMA + async tensor-core pipeline)")
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
 ARCH["cpu"] = ArchConstants(
-    eta_tc=0.6, i_crit=1.0, k0=0.0, t_kernel=5e-6, eta_mem=0.8, overlap=8.0, l2_speedup=1.0,
+    eta_tc=0.6, i_crit=1.0, k0=0.0, t_kernel=5e-6, eta_mem=0.8, mem_ramp=0.0, overlap=8.0, l2_speedup=1.0,
     t_attn=10e-6, t_attn_over=5e-6, eta_attn=0.3, k0_attn=0.0, eta_attn_mem=0.6, item_cost=0.0,
     block_cost=0.0, cta_bw=1e12,
     attn_block_m=1, cta_slots=1, tiles=((1, 1),),

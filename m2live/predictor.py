@@ -19,6 +19,7 @@ model shape, tensor parallelism and host terms for whole steps.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -97,11 +98,11 @@ class OpModel:
         self.elt = 1 if dtype == "fp8" else 2
         self.peak = self.gpu.peak_flops(dtype)  # at boost
         self.bw = self.gpu.mem_bw
-        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float]] = {}
+        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float]] = {}
 
     # ---- GEMM -----------------------------------------------------------------------------------
-    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float]:
-        """(compute time at boost, DRAM bytes, eta_wave, eta_active, eta_duty), cached per shape."""
+    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float]:
+        """(compute time at boost, DRAM time, eta_wave, eta_active, eta_duty, eta_mem), cached per shape."""
         key = (m, n, k)
         hit = self._gemm_cache.get(key)
         if hit is not None:
@@ -109,21 +110,19 @@ class OpModel:
         e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k + m * n)
-        out = (tc, nbytes, e.eta_wave, e.eta_active, e.eta_duty)
+        eta_mem = self.c.eta_mem * self._ramp(nbytes)  # small transfers reach less of the bandwidth
+        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem)
         if len(self._gemm_cache) > 65536:
             self._gemm_cache.clear()
         self._gemm_cache[key] = out
         return out
 
     def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
-        tc, nbytes, wave, active, duty = self._gemm_base(m, n, k)
+        tc, tm, wave, active, duty, eta_mem = self._gemm_base(m, n, k)
         tc /= f_clk
-        bw = self.bw * self.c.eta_mem
         if l2_warm and self.elt * n * k <= 0.5 * self.gpu.l2_bytes:
-            bw *= self.c.l2_speedup  # weight re-read from L2 in a benchmark loop (never in serving)
-        tm = nbytes / bw
-        factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty,
-                   "eta_mem": self.c.eta_mem}
+            tm /= self.c.l2_speedup  # weight re-read from L2 in a benchmark loop (never in serving)
+        factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
         return self._op(tc, tm, factors)
 
     def _op(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
@@ -197,9 +196,15 @@ class OpModel:
         return OpTime(t, branch(tc, tm, c.t_attn - c.t_attn_over), tc, tm, factors)
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
-        tm = nbytes / (self.bw * self.c.eta_mem)
-        return OpTime(kernels * self.c.t_kernel + tm, "memory" if tm > kernels * self.c.t_kernel else "latency",
-                      0.0, tm, {"eta_mem": self.c.eta_mem})
+        """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""
+        eta = self.c.eta_mem * self._ramp(nbytes / max(1, kernels))
+        tm = nbytes / (self.bw * eta)
+        fixed = kernels * self.c.t_kernel
+        return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
+
+    def _ramp(self, nbytes: float) -> float:
+        """Share of the streaming bandwidth a transfer of ``nbytes`` reaches: 1 - mem_ramp/sqrt(MB)."""
+        return max(0.2, 1.0 - self.c.mem_ramp / math.sqrt(max(nbytes, 1.0) / 1e6))
 
 
 class Predictor:
@@ -289,7 +294,6 @@ class Predictor:
 
         # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
         tk = o.c.t_kernel
-        bw_mem = o.bw * o.c.eta_mem
         ov = o.c.overlap
         inv_ov = 1.0 / ov
         if breakdown:
@@ -299,14 +303,13 @@ class Predictor:
             mem_d: dict[str, float] = {}
             factors.update(eta_wave=wave_d, eta_active=active_d, eta_duty=duty_d, eta_mem=mem_d)
         for name, n, k in self._gemm_list:
-            tc, nbytes, wave, active, duty = o._gemm_base(T, n, k)
+            tc, tm, wave, active, duty, eta_mem = o._gemm_base(T, n, k)
             tc /= f
-            tm = nbytes / bw_mem
             body = (tc**ov + tm**ov) ** inv_ov
             ops[name] = (tk + body) * L
             if breakdown:
                 bound[name] = branch(tc, tm, tk)
-                wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, o.c.eta_mem
+                wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, eta_mem
         # attention
         pre = step.prefill_seqs
         dec = step.decode_contexts
