@@ -72,9 +72,9 @@ PANELS: list[tuple] = [
         _t(_q(0.1, "m2live_step_residual_ratio", "gpu"), "raw p10 {{gpu}}"),
         _t(_q(0.5, "m2live_step_residual_ratio", "gpu"), "raw p50 {{gpu}}"),
         _t(_q(0.9, "m2live_step_residual_ratio", "gpu"), "raw p90 {{gpu}}"),
+        _t(_q(0.1, "m2live_step_corrected_residual_ratio", "gpu"), "corrected p10 {{gpu}}"),
         _t(_q(0.5, "m2live_step_corrected_residual_ratio", "gpu"), "corrected p50 {{gpu}}"),
         _t(_q(0.9, "m2live_step_corrected_residual_ratio", "gpu"), "corrected p90 {{gpu}}"),
-        _t(_mean("m2live_step_residual_ratio", "gpu"), "raw mean {{gpu}}"),
     ], 12, {}),
     ("row", "Where the time goes: operators and efficiency factors"),
     ("Predicted time per operator (latest step, stacked)", "timeseries", "s", [

