@@ -29,17 +29,22 @@ def _drive(out: str) -> None:
     from m2live.demo import Req, build_llm, drive
     from m2live.live import active_monitors
 
+    kw = {}
+    if os.environ.get("TEST_SCHEDULER_CLS"):
+        kw["scheduler_cls"] = os.environ["TEST_SCHEDULER_CLS"]
     llm = build_llm(REPO / "m2live" / "data" / "models" / "tiny-llama", max_num_batched_tokens=256,
-                    max_num_seqs=16, kv_cache_bytes=256 << 20, enforce_eager=True)
+                    max_num_seqs=16, kv_cache_bytes=256 << 20, enforce_eager=True, **kw)
     mons = active_monitors()
     result: dict = {"monitors": len(mons)}
-    if mons:
+    reqs = [Req(f"r{i}", a, p, m) for i, (a, p, m) in enumerate(WORKLOAD)]
+    if not mons:  # multiprocess engine: the monitor lives in the engine-core process
+        result["summary"] = drive(llm, reqs, by_steps=True)
+    else:
         mon = mons[0]
         seen: list = []
         mon.observers.append(lambda rec, step, ids: seen.append(
             {"record": rec.to_dict(), "seqs": [list(s) for s in step.seqs],
              "prefill": [step.is_prefill(i) for i in range(len(step))], "ids": ids}))
-        reqs = [Req(f"r{i}", a, p, m) for i, (a, p, m) in enumerate(WORKLOAD)]
         summary = drive(llm, reqs, by_steps=True)
         result.update(summary=summary, steps=seen, status=mon.status(),
                       scheduler=type(llm.llm_engine.engine_core.engine_core.scheduler).__name__)
@@ -49,13 +54,16 @@ def _drive(out: str) -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                 result["metrics"] = r.read().decode()
         mon.close()
+    del llm
     Path(out).write_text(json.dumps(result, default=str))
 
 
 def _run(tmp_path: Path, **env: str) -> dict:
     out = tmp_path / "out.json"
     e = {k: v for k, v in os.environ.items() if not k.startswith("M2LIVE_")}
-    e.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", M2LIVE_ENABLE="1", **env)
+    e.update({"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "M2LIVE_ENABLE": "1", **env})
+    if not e["M2LIVE_ENABLE"]:
+        del e["M2LIVE_ENABLE"]
     p = subprocess.run([sys.executable, str(HERE), str(out)], env=e, cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -148,6 +156,44 @@ def test_injected_fault_counted_engine_keeps_serving_nvml_fallback(tmp_path, eng
     assert all(s["record"]["clock_source"] == "forecast" for s in steps)
     m = res.get("metrics", "")
     assert 'source="forecast"' in m and "m2live_hook_errors_total" in m, m[:2000]
+
+
+@pytest.mark.engine
+def test_multiprocess_engine_via_scheduler_cls(tmp_path, engine_lock):
+    """The other documented switch (`--scheduler-cls vllm_hooks.scheduler:auto`, no M2LIVE_ENABLE) in vLLM's
+    default multiprocess mode: the engine-core process loads the general plugin and runs the monitor."""
+    trace = tmp_path / "trace.jsonl"
+    res = _run(tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1", M2LIVE_ENABLE="", M2LIVE_PROM="0",
+               M2LIVE_TRACE=str(trace), TEST_SCHEDULER_CLS="vllm_hooks.scheduler:auto")
+    assert res["monitors"] == 0 and res["summary"]["finished"] == len(WORKLOAD)
+    # vLLM-CPU forces synchronous scheduling (platforms/cpu.py), so `auto` picks the Scheduler base here
+    assert "scheduler M2liveScheduler" in res["stderr"]
+    recs = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, len(recs) + 1)) and len(recs) >= 40
+    # every scheduled token is accounted for: all prompts prefilled, every decode after the first token
+    assert sum(r["num_prefill_tokens"] for r in recs) == sum(p for _, p, _ in WORKLOAD)
+    assert sum(r["num_decode_tokens"] for r in recs) == sum(m - 1 for _, _, m in WORKLOAD)
+    assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in recs)
+
+
+def test_auto_picks_async_base_and_plugin_never_raises():
+    pytest.importorskip("vllm")
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_hooks.plugin import enabled, register
+    from vllm_hooks.scheduler import auto, scheduler_class
+
+    a, s = scheduler_class(True), scheduler_class(False)
+    assert issubclass(a, AsyncScheduler) and a.__name__ == "M2liveAsyncScheduler"
+    assert issubclass(s, Scheduler) and not issubclass(s, AsyncScheduler) and scheduler_class(True) is a
+    register()
+    register()  # idempotent: wraps once
+    assert getattr(SchedulerConfig.get_scheduler_cls, "_m2live_wrapped", False)
+    cfg = SchedulerConfig.default_factory(scheduler_cls="vllm_hooks.scheduler:auto")
+    assert cfg.get_scheduler_cls() is auto
+    assert enabled({"M2LIVE_ENABLE": "1"}) and not enabled({}) and not enabled({"M2LIVE_CONFIG": "/nonexistent"})
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def _make_class(base: type) -> type:
                 info = adapter.engine_info(vllm_config)
                 self._m2live = LiveMonitor(M2liveConfig.from_env(), info, step_of=adapter.step_and_ids,
                                            queue_view=adapter.queue_view)
+                log.info("engine %s: scheduler %s", self._m2live.engine, type(self).__name__)
             except Exception as e:  # noqa: BLE001 - never break the engine
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 log.warning("m2live disabled for this engine (it runs as plain vLLM): %s: %s",
