@@ -29,8 +29,8 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
                "scheduler (same as `--scheduler-cls vllm_hooks.scheduler:auto`)"),
     "gpu": ("M2LIVE_GPU", "str", "NVML name of GPU 0; `cpu` device without a GPU",
             "device to predict for (NVML name or alias, e.g. `NVIDIA H100 80GB HBM3`, `h100-sxm`, `cpu`)"),
-    "gpu_index": ("M2LIVE_GPU_INDEX", "int", "0 (+ local data-parallel rank)", "NVML index of the GPU whose "
-                  "clock is sampled"),
+    "gpu_index": ("M2LIVE_GPU_INDEX", "int", "first of `CUDA_VISIBLE_DEVICES`, else local data-parallel "
+                  "rank × TP", "NVML index of the GPU whose clock is sampled"),
     "model": ("M2LIVE_MODEL", "str", "vLLM's own model config (hf_config)",
               "model shape override: preset name or path to a HF config.json / model directory"),
     "slo_ms": ("M2LIVE_SLO_MS", "float", "unset (admission off)", "step-latency SLO in ms; setting it turns "

@@ -79,6 +79,7 @@ class EngineInfo:
     device: str = "cpu"  # vLLM platform device type: "cuda", "cpu", ...
     max_num_batched_tokens: int = 0
     max_num_seqs: int = 0
+    local_rank: int = 0  # data-parallel rank on this node (picks the GPU whose clock is sampled)
 
 
 class _Pending:
@@ -211,8 +212,15 @@ class LiveMonitor:
         return spec
 
     def _local_index(self) -> int:
-        # data-parallel engines on one node: engine i drives local GPU i*tp (CUDA_VISIBLE_DEVICES aside)
-        return 0
+        """NVML index of this engine's (first) GPU. NVML ignores CUDA_VISIBLE_DEVICES, so map through it;
+        without it, local data-parallel engine i drives GPUs i*tp .. i*tp+tp-1."""
+        import os
+
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        first = cvd.split(",")[0].strip() if cvd else ""
+        if first.isdigit():
+            return int(first)
+        return max(0, self.info.local_rank) * max(1, self.info.tp)
 
     def _count_exporter_error(self, what: str, e: BaseException) -> None:
         self.exporter_errors += 1

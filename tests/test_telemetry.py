@@ -124,3 +124,86 @@ def test_nvml_absent_falls_back():
     assert src.name in ("cpufreq", "fixed") and "nvml unavailable" in why
     r = src.read()
     assert r.sm_mhz > 0 and r.max_mhz > 0
+
+
+# --- the monitor's hot path reads the sampler (replayed clock); no vLLM needed ----------------------------
+class _Out:
+    """What the monitor keys a step by: any object; here it carries the Step the converter returns."""
+
+    def __init__(self, step):
+        self.step = step
+        self.total_num_scheduled_tokens = step.num_tokens
+
+
+def _monitor(tmp_path, **env):
+    from conftest import MODELS
+
+    from m2live.config import M2liveConfig
+    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.shapes import get_model
+
+    cfg = M2liveConfig.from_env({"M2LIVE_PROM": "0", "M2LIVE_GPU": "NVIDIA H100 80GB HBM3",
+                                 "M2LIVE_TRACE": str(tmp_path / "t.jsonl"), "M2LIVE_SAMPLE_MS": "5", **env})
+    src = ReplayClockSource([ClockReading(0.0, 1500.0, 1980.0, 650.0, 700.0, 4, 70.0)])
+    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
+                       step_of=lambda sched, out: out.step, clock_source=src, start_exporters=False)
+
+
+def test_monitor_predicts_with_live_clock_and_pairs_async_steps(tmp_path):
+    from m2live import Step
+    from m2live.trace import read_trace
+
+    mon = _monitor(tmp_path)
+    try:
+        outs = [_Out(Step.build([64], [100 + i for i in range(k)])) for k in range(1, 7)]
+        # async order: schedule(N+1) happens before update(N)
+        mon.before_schedule(None, (512, 32))
+        mon.on_schedule(None, outs[0])
+        for i in range(1, len(outs)):
+            mon.before_schedule(None, (512, 32))
+            mon.on_schedule(None, outs[i])
+            time.sleep(0.01)
+            mon.on_update(outs[i - 1])
+        time.sleep(0.01)
+        mon.on_update(outs[-1])
+        mon.on_update(_Out(Step.build([], [5])))  # an output never scheduled by us: ignored
+    finally:
+        mon.close()
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    for r in recs:
+        assert r["clock_source"] == "replay" and r["clock_mhz"] == 1500.0 and r["power_w"] == 650.0
+        assert r["f_clk"] == 1500.0 / 1980.0 and r["clock_event_reasons"] == 4
+        assert 0.005 < r["measured_s"] < 0.5  # the interval between consecutive updates, ~10 ms
+    assert recs[2]["num_decode_tokens"] == 3 and recs[2]["decode_kv_tokens"] == 100 + 101 + 102
+    assert mon.hook_errors == 0 and mon.steps == 6
+
+
+def test_monitor_contains_errors_and_takes_control(tmp_path):
+    from m2live import Step
+
+    mon = _monitor(tmp_path, M2LIVE_FAULT="predict:2")
+
+    class BadSink:
+        def submit(self, record):
+            raise RuntimeError("sink down")
+
+    mon.add_sink(BadSink())
+    try:
+        for k in range(1, 5):
+            o = _Out(Step.build([], [50] * k))
+            mon.before_schedule(None, (512, 32))
+            mon.on_schedule(None, o)
+            mon.on_update(o)
+        c = mon.counters()
+        assert c["hook_errors_total"] == 2 + 2  # two injected predictor faults, two failing sink submits
+        assert c["exporter_errors_total"] == 2 and mon.steps == 2
+        assert not mon.admission_active
+        mon.on_control({"slo_ms": 40})
+        assert mon.admission_active and mon.admission.slo_s == 0.04
+        mon.on_control({"admission": False})
+        assert not mon.admission_active
+        mon.on_control({"slo_ms": -1})  # invalid: counted, not raised
+        assert mon.counters()["hook_errors_total"] == 5
+    finally:
+        mon.close()

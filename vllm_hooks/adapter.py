@@ -127,4 +127,5 @@ def engine_info(vllm_config: Any) -> EngineInfo:
     sc = vllm_config.scheduler_config
     return EngineInfo(model_shape=shape, model_name=name, tp=int(getattr(pc, "tensor_parallel_size", 1) or 1),
                       engine_index=int(index), device=device,
+                      local_rank=int(getattr(pc, "data_parallel_rank_local", None) or 0),
                       max_num_batched_tokens=int(sc.max_num_batched_tokens), max_num_seqs=int(sc.max_num_seqs))
