@@ -12,6 +12,7 @@ from real m2live predictions, as the plugin would hand them to the sinks.
 from __future__ import annotations
 
 import getpass
+import itertools
 import json
 import os
 import shutil
@@ -223,6 +224,9 @@ class Prometheus(_Server):
         return bool(active) and all(t["health"] == "up" for t in active)
 
 
+_SUB_IDS = itertools.count()
+
+
 class Subscriber:
     """An MQTT subscriber (paho-mqtt, its own network thread) recording every message it receives."""
 
@@ -232,7 +236,7 @@ class Subscriber:
         self.messages: list[tuple[str, bytes, bool]] = []
         self._lock = threading.Lock()
         self._topics = topics
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-sub-{os.getpid()}-{port}")
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-sub-{os.getpid()}-{next(_SUB_IDS)}")
         if username is not None:
             self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
