@@ -263,3 +263,46 @@ def test_port_in_use_is_one_clear_error():
 def test_bad_port_is_rejected_at_construction():
     with pytest.raises(ExporterError, match="0..65535"):
         PrometheusExporter(port=70000)
+
+
+def _monitor(port: int, engine_index: int = 0):
+    from m2live.config import M2liveConfig
+    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.shapes import get_model
+
+    cfg = M2liveConfig.from_dict({"enable": True, "gpu": GPU, "prom_port": port})
+    info = EngineInfo(model_shape=get_model(MODEL), model_name=MODEL, engine_index=engine_index, device="cpu")
+    return LiveMonitor(cfg, info, step_of=lambda scheduler, output: None)
+
+
+def test_port_in_use_leaves_the_engine_running_without_the_exporter(capfd):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        mon = _monitor(port)
+        try:
+            assert mon.prometheus is None and mon.exporter_errors == 1
+            assert f"port {port} on 127.0.0.1 is already in use" in capfd.readouterr().err
+        finally:
+            mon.close()
+
+
+def test_data_parallel_engines_serve_on_consecutive_ports():
+    base = free_port()
+    while True:  # the next port must be free too
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+                break
+            except OSError:
+                base = free_port()
+    mons = [_monitor(base, 0), _monitor(base, 1)]
+    try:
+        for i, mon in enumerate(mons):
+            assert mon.prometheus is not None and mon.prometheus.port == base + i
+            with urllib.request.urlopen(mon.prometheus.url, timeout=5) as resp:
+                assert f'm2live_clock_source_info{{engine="{i}"' in resp.read().decode()
+    finally:
+        for mon in mons:
+            mon.close()
