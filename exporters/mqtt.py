@@ -136,6 +136,10 @@ class MqttPublisher:
     # ---- engine side -----------------------------------------------------------------------------------
     def start(self) -> MqttPublisher:
         """Start the MQTT thread; returns at once (the connection is made, and remade, in the background)."""
+        try:
+            import aiomqtt  # noqa: F401 - fail here, at start-up, not silently on the MQTT thread
+        except ImportError:
+            raise ExporterError("MQTT needs the aiomqtt package: pip install aiomqtt") from None
         if self._thread is None:
             self._thread = threading.Thread(target=self._thread_main, name=f"m2live-mqtt-{self.instance}",
                                             daemon=True)
@@ -265,7 +269,8 @@ class MqttPublisher:
                 try:
                     await client.publish(self.topics["steps"], payload, qos=self.qos)
                 except Exception:
-                    self.dropped += len(batch)
+                    with self._qlock:
+                        self.dropped += len(batch)
                     raise
                 self.published += len(batch)
                 self.batches += 1

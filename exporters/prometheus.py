@@ -267,8 +267,10 @@ class PrometheusExporter:
             raw = self.counters() or {}
             return {str(k): float(v) for k, v in raw.items()}
         except Exception as e:
-            self.errors += 1
-            if self.errors <= 3:
+            with self._lock:
+                self.errors += 1
+                n = self.errors
+            if n <= 3:
                 log.warning("m2live: counters() failed at scrape time: %s", e)
             return {}
 
