@@ -116,8 +116,10 @@ class MqttPublisher:
         self.queue_size, self.batch_max, self.flush_s = queue_size, batch_max, flush_s
         self.backoff_min, self.backoff_max, self.keepalive = backoff_min, backoff_max, keepalive
         # counters (read from other threads; plain ints are fine under the GIL)
+        self.submitted = 0  # records handed to submit()
         self.dropped = 0  # records dropped: queue full (oldest first), lost in a failed publish, unsent at close
         self.published = 0  # records handed to the broker
+        self._inflight = 0  # records taken from the queue, being published
         self.batches = 0
         self.connects = 0
         self.connect_failures = 0
@@ -149,6 +151,7 @@ class MqttPublisher:
     def submit(self, record: StepRecord) -> None:
         """Queue one record; never blocks on the network, never raises."""
         with self._qlock:
+            self.submitted += 1
             if len(self._q) >= self.queue_size:
                 self._q.popleft()
                 self.dropped += 1
@@ -165,7 +168,16 @@ class MqttPublisher:
 
     @property
     def queued(self) -> int:
-        return len(self._q)
+        """Records not yet handed to the broker (queued or being published)."""
+        return len(self._q) + self._inflight
+
+    def stats(self) -> dict[str, int]:
+        """A consistent snapshot: submitted == published + dropped + queued."""
+        with self._qlock:
+            return {"submitted": self.submitted, "published": self.published, "dropped": self.dropped,
+                    "queued": len(self._q) + self._inflight, "connects": self.connects,
+                    "connect_failures": self.connect_failures, "control_accepted": self.control_accepted,
+                    "control_rejected": self.control_rejected}
 
     def close(self, timeout: float = 3.0) -> None:
         """Send what is queued (if connected), publish ``offline`` (retained), disconnect, stop the thread."""
@@ -257,6 +269,7 @@ class MqttPublisher:
         with self._qlock:
             n = min(len(self._q), self.batch_max)
             batch = [self._q.popleft() for _ in range(n)]
+            self._inflight = n
             self._wake_pending = False
         return batch
 
@@ -268,11 +281,14 @@ class MqttPublisher:
                 payload = json.dumps([r.to_dict() for r in batch], separators=(",", ":"))
                 try:
                     await client.publish(self.topics["steps"], payload, qos=self.qos)
-                except Exception:
+                except BaseException:
                     with self._qlock:
                         self.dropped += len(batch)
+                        self._inflight = 0
                     raise
-                self.published += len(batch)
+                with self._qlock:
+                    self.published += len(batch)
+                    self._inflight = 0
                 self.batches += 1
                 continue
             if self._stopping:

@@ -168,7 +168,8 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
                       "the stream after the broker came back")
         assert sub.on(f"{topic}/status")[-1] == b"online"  # re-announced after the reconnect
         # every record is accounted for: published, dropped (counted) or still queued
-        assert mon.mqtt.published + mon.mqtt.dropped + mon.mqtt.queued == len(seen.items)
+        st = mon.mqtt.stats()
+        assert st["submitted"] == len(seen.items) == st["published"] + st["dropped"] + st["queued"]
 
         # ---- Prometheus scraped the engine; the dashboard's every expression has data -------------------------
         drv.run_until(lambda: _scrapes(prom) >= 5, 30, "five scrapes of the engine's exporter")
