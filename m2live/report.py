@@ -56,8 +56,11 @@ def write_report(trace: str | Path, out: str | Path, warmup: int = 20) -> dict:
     corr = np.array([r["corrected_s"] for r in records], float) * 1e3
     summ = summarize(records, warmup)
     first = records[0]
+    model = str(first.get("model", ""))
+    if model.startswith("/"):
+        model = Path(model).name  # a model directory: its name reads better than the path
     fig, ax = plt.subplots(2, 2, figsize=(14, 9))
-    fig.suptitle(f"m2live · {first.get('model', '')} on {first.get('gpu', '')} · engine {first.get('engine', '0')} · "
+    fig.suptitle(f"m2live · {model} on {first.get('gpu', '')} · engine {first.get('engine', '0')} · "
                  f"{len(records)} steps", fontsize=12)
 
     # 1. over time
