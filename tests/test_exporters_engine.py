@@ -160,12 +160,15 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         # the engine never waited for the network: its steps kept their pace
         assert max(outage_wall) < 1.0, f"an engine step took {max(outage_wall):.2f} s while the broker was down"
         assert statistics.median(outage_wall) < 3 * statistics.median(before_wall) + 0.005
+        outage_s = time.perf_counter() - t_stop
         broker.start()
+        t_restart = time.perf_counter()
         restart_at = seen.last_step()
         drv.run_until(lambda: mon.mqtt.connected and mon.mqtt.connects >= 2, 30, "the publisher to reconnect")
         drv.run_until(lambda: sub.client.is_connected(), 15, "the subscriber to reconnect")
         drv.run_until(lambda: sum(r["step"] > restart_at for r in sub.records(f"{topic}/steps")) >= 20, 30,
                       "the stream after the broker came back")
+        resumed_s = time.perf_counter() - t_restart
         assert sub.on(f"{topic}/status")[-1] == b"online"  # re-announced after the reconnect
         # every record is accounted for: published, dropped (counted) or still queued
         st = mon.mqtt.stats()
@@ -199,6 +202,11 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         steps_prom = float(prom.query("sum(m2live_steps_total)")[0]["value"][1])
         assert 0.8 * drv.steps <= steps_prom <= drv.steps + 5
 
+        print(f"e2e: {drv.steps} engine steps; outage {outage_s:.1f} s over {len(outage_wall)} steps "
+              f"(step wall median {statistics.median(before_wall) * 1e3:.1f} ms before, "
+              f"{statistics.median(outage_wall) * 1e3:.1f} ms during, max {max(outage_wall) * 1e3:.0f} ms); "
+              f"MQTT {mon.mqtt.stats()}; stream resumed {resumed_s:.1f} s after the restart; "
+              f"Prometheus steps_total {steps_prom:.0f}", file=sys.stderr)
         snap = os.environ.get("M2LIVE_SNAPSHOT")
         if snap:
             drv.drain()
