@@ -155,9 +155,10 @@ class AdmissionController:
         slo = self.slo_s
         return None if slo is None else slo * (1.0 - self.margin)
 
-    def observe(self, measured_s: float) -> bool:
-        """Count a measured step against the SLO in force; returns True if it violated it."""
-        slo = self.slo_s
+    def observe(self, measured_s: float, slo_s: float | None = None) -> bool:
+        """Count a measured step against ``slo_s`` (the SLO its decision was made under; default: the SLO in
+        force now); returns True if it violated it."""
+        slo = self.slo_s if slo_s is None else slo_s
         if slo is not None and measured_s > slo:
             self.violations += 1
             return True
