@@ -445,7 +445,7 @@ class LiveMonitor:
         self.residuals.update(step, pred, measured)
         violation = None
         if self.admission is not None:
-            violation = self.admission.observe(measured) if p.slo_s is not None else None
+            violation = self.admission.observe(measured, p.slo_s) if p.slo_s is not None else None
         c = step.counts()
         r = p.reading
         d = p.decision[0] if p.decision else None
