@@ -8,13 +8,15 @@ prediction stays under ``slo_s * (1 - margin)``:
   running partial prefills take chunks in order, then waiting prompts are admitted first-come-first-served,
   each taking ``min(prompt, budget left)`` (chunked prefill). Long prompts therefore make progress in chunks at
   the head of the queue and are never skipped in favour of shorter ones;
-* the prediction is the mechanistic one at ``min(live f_clk, clock forecast of that step)`` (a heavier step
-  may pull the clock lower than the one measured on the lighter step before it), passed through the residual
+* the prediction is the mechanistic one at ``min(live f_clk, clock forecast of that candidate step)`` (a
+  heavier step may pull the clock lower than the one measured on the lighter step before it; devices without
+  a power model, such as the CPU device, skip the forecast), passed through the residual
   tracker's upper quantile (``ResidualTracker.upper``) when a tracker is given: on a CPU engine the per-step host
   floor the mechanistic model does not know is learnt there;
-* the search is a bracketed secant (Illinois) over the budget: the full demand is tried first (one
-  prediction when everything fits), then zero prefill, then a few interpolation steps; the step time is close to
-  linear in the prefill tokens, so a decision costs a handful of ``predict`` calls;
+* the search over the budget: the full demand is tried first (one prediction when everything fits); then the
+  last binding budget and one probe a tolerance (~3 %) above it (the queue changes little between steps, so
+  this usually closes the bracket: three predictions); otherwise zero prefill and a bracketed secant with a
+  bisection safeguard (the step time is close to linear in the prefill tokens). At most ``max_evaluations``;
 * the budget never exceeds vLLM's configured ``max_num_batched_tokens`` / ``max_num_seqs``;
 * decodes of running requests always proceed: when even the decode-only step (no prefill) cannot meet the SLO
   the step is allowed, the decision is flagged and counted, and no new requests are admitted until a step can
@@ -116,7 +118,7 @@ class AdmissionController:
 
     def __init__(self, predictor: Predictor, residuals: ResidualModel | None, slo_s: float | None,
                  margin: float = 0.1, *, quantile: float = 0.95, min_chunk: int = 16,
-                 max_evaluations: int = 6) -> None:
+                 max_evaluations: int = 8) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"admission margin must be in [0, 1), got {margin}")
         if not 0.5 <= quantile < 1.0:
@@ -138,6 +140,7 @@ class AdmissionController:
         self.last: Decision | None = None
         self._forecasts_clock = ENERGY_PER_FLOP.get(predictor.gpu.arch, 0.0) > 0.0
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
+        self._warm: int | None = None  # last binding budget (warm start of the next search)
 
     # ---- configuration ----------------------------------------------------------------------------------
     def set_slo(self, slo_s: float | None) -> None:
@@ -191,55 +194,77 @@ class AdmissionController:
             self.last = d
             return d
 
-        # 1. everything the limits allow (the common light step: one prediction). The clock is the lower of
-        # the live one and the power-cap forecast for this, the heaviest candidate step; lighter candidates
-        # keep that clock (a conservative choice that saves one forecast per candidate).
-        hi = self._plan(view, demand, limit_seqs)
-        f = self._step_clock(hi.step, f_live)
-
+        # Every candidate is priced at the lower of the live clock and the power-cap forecast for that
+        # candidate (a heavier step may pull the clock below the one measured on the lighter step before it).
         def cost(plan: _Plan) -> float:
             nonlocal evals
             evals += 1
-            return self._corrected(plan.step, f)
+            return self._corrected(plan.step, self._step_clock(plan.step, f_live))
+
+        # 1. everything the limits allow (the common light step: one prediction)
+        hi = self._plan(view, demand, limit_seqs)
 
         t_hi = cost(hi)
         if t_hi <= target or hi.prefill_tokens == 0:  # fits, or decodes only (flagged if even that is late)
             return self._done(hi, t_hi, running, limit_seqs, flagged=t_hi > target, evals=evals)
-        # 2. the floor: decodes only (or the smallest chunk when nothing decodes)
         floor_budget = n_dec if n_dec > 0 else min(demand, self.min_chunk)
-        lo = self._plan(view, floor_budget, limit_seqs)
-        t_lo = cost(lo)
-        if t_lo > target:
-            # cannot meet the SLO even without new prefill: let the decodes run, stop admitting
-            stop = self._plan(view, floor_budget, limit_seqs, admit=n_dec == 0 and running == 0)
-            t = t_lo if stop.budget == lo.budget and stop.admitted == lo.admitted else cost(stop)
-            return self._done(stop, t, running, limit_seqs, flagged=True, evals=evals)
-        # 3. bracketed secant between a feasible lo and an infeasible hi; two guesses in a row on the same
-        # side (a kink: tile waves, the host floor) switch to bisection. Candidates inside the bracket use the
-        # clock forecast of the first guess, which is closer to the answer than the heaviest step's.
-        tol = max(4, n_dec // 8, lo.budget // 32)  # ~3 % of the answer
+        # 2. warm start: the last binding budget is usually a few tokens from this step's answer (the queue
+        # changes little between steps). One probe a tolerance above it (if it fits) or below it (if not)
+        # usually closes the bracket: three predictions in the steady state.
+        def tol_at(budget: int) -> int:
+            return max(4, n_dec // 8, budget // 32)  # ~3 % of the answer
+
+        lo: _Plan | None = None
+        t_lo = 0.0
+        warm = self._warm
+        if warm is not None and floor_budget < warm < hi.budget:
+            g = self._plan(view, warm, limit_seqs)
+            t_g = cost(g)
+            if t_g <= target:
+                lo, t_lo = g, t_g
+                x = g.budget + tol_at(g.budget)
+            else:
+                hi, t_hi = g, t_g
+                x = g.budget - tol_at(g.budget)
+            if floor_budget < x < hi.budget and (lo is None or x > lo.budget):
+                u = self._plan(view, x, limit_seqs)
+                t_u = cost(u)
+                if t_u <= target:
+                    lo, t_lo = u, t_u
+                else:
+                    hi, t_hi = u, t_u
+        if lo is None:
+            # 3. the floor: decodes only (or the smallest chunk when nothing decodes)
+            lo = self._plan(view, floor_budget, limit_seqs)
+            t_lo = cost(lo)
+            if t_lo > target:
+                # cannot meet the SLO even without new prefill: let the decodes run, stop admitting
+                stop = self._plan(view, floor_budget, limit_seqs, admit=n_dec == 0 and running == 0)
+                t = t_lo if stop.budget == lo.budget and stop.admitted == lo.admitted else cost(stop)
+                return self._done(stop, t, running, limit_seqs, flagged=True, evals=evals)
+        # 4. between a feasible lo and an infeasible hi: a secant guess biased half a tolerance low (the step
+        # time has kinks: tile waves, chunk boundaries, so a secant guess lands on either side); after a guess
+        # that fits, one probe a tolerance above it; two misses in a row fall back to bisection.
+        tol = tol_at(lo.budget)
         g_lo, g_hi = t_lo - target, t_hi - target
-        last_side, same = 0, 0
-        first = True
+        probe_up, misses = False, 0
         while hi.budget - lo.budget > tol and evals < self.max_evaluations:
-            if same >= 2 or g_hi <= g_lo:
+            if probe_up:
+                x = lo.budget + tol
+            elif misses >= 2 or g_hi <= g_lo:
                 x = (lo.budget + hi.budget) // 2
             else:
-                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget))
+                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget)) - tol // 2
             x = min(max(x, lo.budget + 1), hi.budget - 1)
             mid = self._plan(view, x, limit_seqs)
-            if first and self._forecasts_clock:
-                f = self._step_clock(mid.step, f_live)
-            first = False
             t_mid = cost(mid)
-            g_mid = t_mid - target
-            side = -1 if g_mid <= 0 else 1
-            same = same + 1 if side == last_side else 1
-            last_side = side
-            if side < 0:
-                lo, t_lo, g_lo = mid, t_mid, g_mid
+            if t_mid <= target:
+                lo, t_lo, g_lo = mid, t_mid, t_mid - target
+                probe_up, misses = not probe_up, 0
             else:
-                hi, t_hi, g_hi = mid, t_mid, g_mid
+                hi, t_hi, g_hi = mid, t_mid, t_mid - target
+                probe_up, misses = False, misses + 1
+        self._warm = lo.budget
         return self._done(lo, t_lo, running, limit_seqs, flagged=False, evals=evals)
 
     # ---- helpers --------------------------------------------------------------------------------------
