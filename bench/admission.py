@@ -413,7 +413,7 @@ def score(run: RunResult, slo_s: float) -> dict:
     ms = [1e3 * s["measured_s"] for s in steps]
     tw, sw = attainment(steps, slo_s)
     c = run.client
-    budgets = [s["token_budget"] for s in steps if s.get("token_budget") is not None]
+    budgets = [s["token_budget"] for s in steps if s.get("token_budget") is not None and s["num_prefill_tokens"]]
     pred_err = [abs(s["corrected_s"] - s["measured_s"]) / s["measured_s"] for s in steps if s.get("corrected_s")]
     return {
         "name": run.policy.name,
@@ -429,9 +429,10 @@ def score(run: RunResult, slo_s: float) -> dict:
         "completed": int(c.get("completed", 0)),
         "steps": len(steps),
         "configured_max_num_batched_tokens": run.policy.budget or VLLM_CPU_SERVER_DEFAULT_BUDGET,
-        "mean_token_budget": sum(budgets) / len(budgets) if budgets else None,
+        "mean_token_budget_prefill_steps": sum(budgets) / len(budgets) if budgets else None,
         "admission_flagged_steps": sum(1 for s in steps if s.get("admission_flagged")),
         "median_abs_corrected_error": pct(pred_err, 0.5) if pred_err else None,
+        "run_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.t_start)),
     }
 
 
