@@ -44,8 +44,23 @@ from .step import Step
 from .telemetry import ClockSampler, ClockSource, CpufreqClockSource, NvmlClockSource, TelemetryError
 
 log = logging.getLogger("m2live")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record (not the stream of import time, which a
+    test runner or a daemoniser may have closed or replaced since)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
 if not log.handlers:
-    _h = logging.StreamHandler(sys.stderr)
+    _h = _StderrHandler()
     _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [m2live] %(message)s", "%m-%d %H:%M:%S"))
     log.addHandler(_h)
     log.setLevel(logging.INFO)
