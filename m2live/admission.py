@@ -287,7 +287,7 @@ class AdmissionController:
 
     def _corrected(self, step: Step, f: float) -> float:
         """Corrected upper prediction of ``step`` at clock ratio ``f``."""
-        pred = self.predictor._predict(step, f, "live", breakdown=False)
+        pred = self.predictor.predict_fast(step, f)
         if self.residuals is None:
             return pred.total_s
         return float(self.residuals.upper(pred, step, self.quantile))

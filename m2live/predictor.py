@@ -272,8 +272,12 @@ class Predictor:
             f = self.forecast_f_clk(step)
         return self._predict(step, f, source, breakdown=True)
 
+    def predict_fast(self, step: Step, f_clk: float = 1.0) -> Prediction:
+        """Fast path (admission control): per-op times and total, no factors or bounds; f_clk as a ratio."""
+        return self._predict(step, f_clk, "live", breakdown=False)
+
     def predict_total(self, step: Step, f_clk: float = 1.0) -> float:
-        """Fast path (admission control): total seconds only, f_clk as a ratio."""
+        """Fast path: total seconds only, f_clk as a ratio."""
         return self._predict(step, f_clk, "live", breakdown=False).total_s
 
     def _predict(self, step: Step, f: float, source: str, breakdown: bool) -> Prediction:
