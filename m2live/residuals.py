@@ -15,11 +15,15 @@ the first few steps. Until ``min_fit`` steps are seen, the correction is the rol
 Every correction is scored out of sample: ``update`` first records the error of the correction it would have
 made, then learns from the step. ``upper(q)`` adds the q-quantile of those relative errors (admission control
 uses it as a safety margin).
+
+With ``background=True`` (the plugin) the periodic refit runs on a side thread: ``update`` only writes the ring
+buffers and wakes it, so an engine step never pays for a fit; the new coefficients are swapped in atomically.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -36,7 +40,8 @@ def features(prediction: Prediction, step: Step) -> tuple[float, float, float, f
 
 
 class ResidualTracker:
-    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 0.05, refit_every: int = 32):
+    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 0.05, refit_every: int = 32,
+                 background: bool = False):
         if window < 8:
             raise ValueError(f"residual window must be >= 8, got {window}")
         self.window = window
@@ -55,6 +60,13 @@ class ResidualTracker:
         self._theta: tuple[float, float, float, float] | None = None
         self._ratio_median = 1.0
         self._upper_cache: dict[float, float] = {}
+        self._lock = threading.Lock()  # guards the ring buffers between update() and a background refit
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._worker, name="m2live-residual-fit", daemon=True)
+            self._thread.start()
 
     def _filled(self) -> int:
         return min(self.n, self.window)
@@ -94,23 +106,46 @@ class ResidualTracker:
         if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
             return
         est = self.correct(prediction, step)  # scored before learning from this step
-        i = self._i
-        self._X[i] = features(prediction, step)
-        self._y[i] = 1e3 * measured_s
-        self._p[i] = 1e3 * prediction.total_s
-        self._raw[i] = (measured_s - prediction.total_s) / measured_s
-        self._cor[i] = (measured_s - est) / measured_s
-        self._i = (i + 1) % self.window
-        self.n += 1
-        self._upper_cache.clear()
+        with self._lock:
+            i = self._i
+            self._X[i] = features(prediction, step)
+            self._y[i] = 1e3 * measured_s
+            self._p[i] = 1e3 * prediction.total_s
+            self._raw[i] = (measured_s - prediction.total_s) / measured_s
+            self._cor[i] = (measured_s - est) / measured_s
+            self._i = (i + 1) % self.window
+            self.n += 1
+            self._upper_cache.clear()
         every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
         if self.n % every == 0 or self.n <= 2 * self.min_fit:
-            self._refit()
+            if self._thread is not None:
+                self._wake.set()
+            else:
+                self._refit()
+
+    def _worker(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self._refit()
+            except Exception:  # noqa: BLE001 - a failed fit keeps the previous coefficients
+                pass
+
+    def close(self) -> None:
+        """Stop the background refit thread (if any)."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
 
     def _refit(self) -> None:
-        k = self._filled()
-        X, y = self._X[:k], self._y[:k]
-        self._ratio_median = float(np.median(y / self._p[:k])) if k else 1.0
+        with self._lock:  # a consistent snapshot; the fit itself runs unlocked
+            k = self._filled()
+            X, y, p = self._X[:k].copy(), self._y[:k].copy(), self._p[:k].copy()
+        self._ratio_median = float(np.median(y / p)) if k else 1.0
         if k < self.min_fit:
             return
         # IRLS on relative error: Huber, then Tukey's biweight (gross outliers -- a preempted CPU, a GC pause --

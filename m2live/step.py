@@ -44,7 +44,9 @@ class Step:
                 new, ctx = item
             except (TypeError, ValueError):
                 raise StepError(f"sequence {i}: expected (new_tokens, context), got {item!r}") from None
-            clean.append((_count(new, f"sequence {i} new tokens", 1), _count(ctx, f"sequence {i} context", 0)))
+            if type(new) is not int or type(ctx) is not int or new < 1 or ctx < 0:  # slow path: say why
+                new, ctx = _count(new, f"sequence {i} new tokens", 1), _count(ctx, f"sequence {i} context", 0)
+            clean.append((new, ctx))
         object.__setattr__(self, "seqs", tuple(clean))
         if prefill is not None:
             flags = tuple(bool(f) for f in prefill)
