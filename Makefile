@@ -56,7 +56,7 @@ dashboard: venv
 	$(BIN)/python dashboards/build.py
 
 snapshot: venv servers
-	flock /tmp/m2live-engine.lock $(BIN)/python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
+	$(BIN)/python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
 	  --seconds 60 -o dashboards/snapshot.png
 
 # Re-fit the per-architecture constants on the calibration tables (copy the values into m2live/efficiency.py).

