@@ -56,10 +56,24 @@ class Step:
         else:
             object.__setattr__(self, "prefill", None)
             flags = tuple(new > 1 or ctx == 0 for new, ctx in clean)
-        # split once: the predictor reads these on every call
-        object.__setattr__(self, "_pre", [s for s, f in zip(clean, flags, strict=True) if f])
-        object.__setattr__(self, "_dec", [ctx for (_, ctx), f in zip(clean, flags, strict=True) if not f])
-        object.__setattr__(self, "_tokens", sum(n for n, _ in clean))
+        self._split(flags)
+
+    def _split(self, flags: tuple[bool, ...]) -> None:
+        """Split once into prefill / decode views: the predictor reads these on every call."""
+        seqs = self.seqs
+        object.__setattr__(self, "_pre", [s for s, f in zip(seqs, flags, strict=True) if f])
+        object.__setattr__(self, "_dec", [ctx for (_, ctx), f in zip(seqs, flags, strict=True) if not f])
+        object.__setattr__(self, "_tokens", sum(n for n, _ in seqs))
+
+    @classmethod
+    def trusted(cls, seqs: tuple[tuple[int, int], ...], prefill: tuple[bool, ...]) -> Step:
+        """A step from counts that are already valid (vLLM's own scheduler counters), without re-checking
+        every sequence: this runs on every engine step. Everything else goes through ``Step(...)``."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "seqs", seqs)
+        object.__setattr__(self, "prefill", prefill)
+        self._split(prefill)
+        return self
 
     # --- constructors -------------------------------------------------------------------------------
     @classmethod

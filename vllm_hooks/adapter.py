@@ -39,38 +39,7 @@ def step_and_ids(scheduler: Any, output: Any) -> tuple[Step, list[str]]:
         seqs.append((n, ctx))
         flags.append(n > 1 or ctx < req.num_prompt_tokens)
         ids.append(rid)
-    return VllmStep(tuple(seqs), tuple(flags)), ids
-
-
-class VllmStep(Step):
-    """A Step built from vLLM's own counters (ints, already consistent), without re-validating every sequence:
-    this runs on every engine step, and ``Step.__init__``'s checks would cost more than the prediction. The
-    views the predictor reads are computed once here."""
-
-    def __init__(self, seqs: tuple[tuple[int, int], ...], flags: tuple[bool, ...]) -> None:
-        object.__setattr__(self, "seqs", seqs)
-        object.__setattr__(self, "prefill", flags)
-        pre = [s for s, f in zip(seqs, flags, strict=True) if f]
-        dec = [ctx for (_, ctx), f in zip(seqs, flags, strict=True) if not f]
-        object.__setattr__(self, "_v_pre", pre)
-        object.__setattr__(self, "_v_dec", dec)
-        object.__setattr__(self, "_v_ntok", sum(n for n, _ in seqs))
-
-    @property
-    def prefill_seqs(self) -> list[tuple[int, int]]:
-        return self._v_pre
-
-    @property
-    def decode_contexts(self) -> list[int]:
-        return self._v_dec
-
-    @property
-    def num_tokens(self) -> int:
-        return self._v_ntok
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seqs)
+    return Step.trusted(tuple(seqs), tuple(flags)), ids
 
 
 def queue_view(scheduler: Any):
