@@ -16,8 +16,9 @@ Every correction is scored out of sample: ``update`` first records the error of 
 made, then learns from the step. ``upper(q)`` adds the q-quantile of those relative errors (admission control
 uses it as a safety margin).
 
-With ``background=True`` (the plugin) the periodic refit runs on a side thread: ``update`` only writes the ring
-buffers and wakes it, so an engine step never pays for a fit; the new coefficients are swapped in atomically.
+With ``background=True`` (the plugin) the periodic refit runs on a side thread once past the first 64 steps:
+``update`` only writes the ring buffers and wakes it, so a steady-state engine step never pays for a fit; the new
+coefficients are swapped in atomically. The warm-up fits stay inline: they are small and must apply at once.
 """
 
 from __future__ import annotations
@@ -118,10 +119,10 @@ class ResidualTracker:
             self._upper_cache.clear()
         every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
         if self.n % every == 0 or self.n <= 2 * self.min_fit:
-            if self._thread is not None:
-                self._wake.set()
+            if self._thread is not None and self.n > 64:
+                self._wake.set()  # steady state: fit off the engine's thread
             else:
-                self._refit()
+                self._refit()  # warm-up (small, cheap fits that must take effect at once) or no side thread
 
     def _worker(self) -> None:
         while True:
