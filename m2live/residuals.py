@@ -51,12 +51,10 @@ class ResidualTracker:
         self.refit_every = max(1, refit_every)
         self.n = 0
         self._prior = np.array([0.0, 1.0, 1.0, 0.0])
-        # ring buffers over the last `window` steps
-        self._X = np.zeros((window, 4))
-        self._y = np.zeros(window)  # measured (ms)
-        self._p = np.zeros(window)  # raw predicted total (ms)
-        self._raw = np.zeros(window)  # out-of-sample relative errors (measured − estimate) / measured
-        self._cor = np.zeros(window)
+        # ring buffer over the last `window` steps, one plain tuple per step (cheap to write on the engine's hot
+        # path; turned into arrays only when fitting or reporting):
+        # (1, t_mm ms, t_attn ms, num_seqs, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
+        self._rows: list[tuple[float, ...]] = []
         self._i = 0
         self._theta: tuple[float, float, float, float] | None = None
         self._ratio_median = 1.0
@@ -68,9 +66,6 @@ class ResidualTracker:
         if background:
             self._thread = threading.Thread(target=self._worker, name="m2live-residual-fit", daemon=True)
             self._thread.start()
-
-    def _filled(self) -> int:
-        return min(self.n, self.window)
 
     # --- estimates --------------------------------------------------------------------------------
     def correct(self, prediction: Prediction, step: Step) -> float:
@@ -92,10 +87,10 @@ class ResidualTracker:
         est = self.correct(prediction, step)
         m = self._upper_cache.get(q)
         if m is None:
-            k = self._filled()
+            k = len(self._rows)
             if k >= 4:
                 # relative error r = (measured − est)/measured → measured = est / (1 − r)
-                r = float(np.quantile(self._cor[:k], q))
+                r = float(np.quantile([row[7] for row in self._rows], q))
                 m = 1.0 / max(0.2, 1.0 - r) if r > 0 else 1.0
             else:
                 m = 1.5  # no evidence yet: a wide margin
@@ -107,14 +102,14 @@ class ResidualTracker:
         if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
             return
         est = self.correct(prediction, step)  # scored before learning from this step
+        row = (*features(prediction, step), 1e3 * measured_s, 1e3 * prediction.total_s,
+               (measured_s - prediction.total_s) / measured_s, (measured_s - est) / measured_s)
         with self._lock:
-            i = self._i
-            self._X[i] = features(prediction, step)
-            self._y[i] = 1e3 * measured_s
-            self._p[i] = 1e3 * prediction.total_s
-            self._raw[i] = (measured_s - prediction.total_s) / measured_s
-            self._cor[i] = (measured_s - est) / measured_s
-            self._i = (i + 1) % self.window
+            if len(self._rows) < self.window:
+                self._rows.append(row)
+            else:
+                self._rows[self._i] = row
+            self._i = (self._i + 1) % self.window
             self.n += 1
             self._upper_cache.clear()
         every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
@@ -144,8 +139,9 @@ class ResidualTracker:
 
     def _refit(self) -> None:
         with self._lock:  # a consistent snapshot; the fit itself runs unlocked
-            k = self._filled()
-            X, y, p = self._X[:k].copy(), self._y[:k].copy(), self._p[:k].copy()
+            a = np.array(self._rows, dtype=float).reshape(-1, 8)
+        k = len(a)
+        X, y, p = a[:, :4], a[:, 4], a[:, 5]
         self._ratio_median = float(np.median(y / p)) if k else 1.0
         if k < self.min_fit:
             return
@@ -177,17 +173,19 @@ class ResidualTracker:
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
-        k = self._filled()
+        with self._lock:
+            a = np.array(self._rows, dtype=float).reshape(-1, 8)
+        k = len(a)
 
-        def med_abs(a: np.ndarray) -> float | None:
-            return float(np.median(np.abs(a[:k]))) if k else None
+        def med_abs(col: int) -> float | None:
+            return float(np.median(np.abs(a[:, col]))) if k else None
 
         th = self._theta
         return {
             "n": self.n,
             "window": k,
-            "median_abs_ratio_raw": med_abs(self._raw),
-            "median_abs_ratio_corrected": med_abs(self._cor),
+            "median_abs_ratio_raw": med_abs(6),
+            "median_abs_ratio_corrected": med_abs(7),
             "median_measured_over_predicted": self._ratio_median,
             "host_floor_s": None if th is None else th[0] * 1e-3,
             "scale_mm": None if th is None else th[1],
