@@ -12,7 +12,7 @@ Every number here is a datasheet (or vendor whitepaper) figure, never a fitted o
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 class UnknownGpuError(KeyError):
@@ -69,9 +69,6 @@ class GpuSpec:
     @property
     def mem_bytes(self) -> float:
         return self.mem_gb * 1e9
-
-    def with_overrides(self, **kw) -> GpuSpec:
-        return replace(self, **kw)
 
 
 # fmt: off
