@@ -111,7 +111,9 @@ class ResidualTracker:
                 self._rows[self._i] = row
             self._i = (self._i + 1) % self.window
             self.n += 1
-            self._upper_cache.clear()
+            # the error quantile over a window of steps moves slowly: recompute it every 8 steps once warm
+            if self.n <= 64 or self.n % 8 == 0:
+                self._upper_cache.clear()
         every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
         if self.n % every == 0 or self.n <= 2 * self.min_fit:
             if self._thread is not None and self.n > 64:

@@ -8,6 +8,7 @@ is ``num_computed_tokens − scheduled``; a request is prefilling while that con
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from m2live.live import EngineInfo
@@ -56,10 +57,13 @@ def queue_view(scheduler: Any):
             partial_prefills.append((req.num_tokens - computed, computed))
         else:  # decodes one token (async scheduling may already count it in flight)
             decode_contexts.append(computed)
-    waiting = [max(1, req.num_tokens - req.num_computed_tokens) for req in scheduler.waiting]
     limits = getattr(scheduler, "_m2live_limits", None)
     if limits is None:
         limits = (scheduler.max_num_scheduled_tokens, scheduler.max_num_active_reqs)
+    # no step admits more than max_num_seqs requests: the head of the queue is all the controller can use, and
+    # walking a long queue on every step would cost O(queue) under overload
+    waiting = [max(1, req.num_tokens - req.num_computed_tokens)
+               for req in itertools.islice(scheduler.waiting, int(limits[1]))]
     return QueueView(decode_contexts=decode_contexts, partial_prefills=partial_prefills,
                      waiting_prompts=waiting, max_num_batched_tokens=int(limits[0]),
                      max_num_seqs=int(limits[1]))
