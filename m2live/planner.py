@@ -39,7 +39,7 @@ from .hardware import GpuSpec, get_gpu
 from .predictor import Prediction, Predictor
 from .shapes import ModelShape, ModelShapeError, get_model
 from .step import Step
-from .validate import RowPredictor, TableError, find_tables, measured, read_table
+from .validate import RowPredictor, TableError, find_tables, measured, positive_float, read_table
 from .workload import Workload, WorkloadStats
 
 GIB = 1024**3
@@ -515,13 +515,7 @@ def parse_prices(text: str | None) -> dict[str, float]:
             raise PlanError(f"--price {item!r}: expected GPU=DOLLARS_PER_HOUR, e.g. h100-sxm=2.5")
         name, val = (s.strip() for s in item.rsplit("=", 1))
         val = val.removeprefix("$").removesuffix("/h").strip()
-        try:
-            price = float(val)
-        except ValueError:
-            raise PlanError(f"--price {item!r}: {val!r} is not a number of dollars per hour") from None
-        if not (price > 0 and math.isfinite(price)):
-            raise PlanError(f"--price {item!r}: price must be a positive number of dollars per GPU-hour")
-        out[get_gpu(name).name] = price
+        out[get_gpu(name).name] = positive_float(val, f"--price {item!r}: dollars per GPU-hour", PlanError)
     return out
 
 

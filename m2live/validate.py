@@ -48,6 +48,17 @@ def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: in
     return int(v)
 
 
+def positive_float(raw: str, what: str, error: type[ValueError] = ValueError) -> float:
+    """A finite number > 0 from user text, else ``error`` with one line naming ``what``."""
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise error(f"{what} is not a number ({raw!r})") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise error(f"{what} must be a positive number, got {raw!r}")
+    return v
+
+
 def read_table(path: str | os.PathLike) -> Table:
     p = str(path)
     try:
@@ -141,17 +152,8 @@ class RowPredictor:
 def measured(table: Table) -> list[float] | None:
     if "latency_ms" not in table.header:
         return None
-    out = []
-    for i, r in enumerate(table.rows, start=2):
-        raw = (r.get("latency_ms") or "").strip()
-        try:
-            v = float(raw)
-        except ValueError:
-            raise TableError(f"{table.path}:{i}: column 'latency_ms' is not a number ({raw!r})") from None
-        if not (v > 0 and math.isfinite(v)):
-            raise TableError(f"{table.path}:{i}: latency_ms must be positive, got {raw!r}")
-        out.append(v)
-    return out
+    return [positive_float((r.get("latency_ms") or "").strip(), f"{table.path}:{i}: column 'latency_ms'", TableError)
+            for i, r in enumerate(table.rows, start=2)]
 
 
 def mape(pred: Iterable[float], meas: Iterable[float]) -> float:

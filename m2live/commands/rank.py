@@ -28,6 +28,7 @@ from ..planner import (
     rank,
     validate_opbench,
 )
+from ..validate import positive_float
 from ..workload import parse_workload
 
 
@@ -69,13 +70,7 @@ def _nonneg_int(text: str, flag: str) -> int:
 def parse_slo(text: str | None) -> float | None:
     if text is None:
         return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise PlanError(f"--slo-ms must be a number of milliseconds, got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise PlanError(f"--slo-ms must be positive, got {text!r}")
-    return v / 1e3
+    return positive_float(text, "--slo-ms (milliseconds)", PlanError) / 1e3
 
 
 def parse_gpus(text: str) -> list[str]:
