@@ -21,10 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from m2live.efficiency import ARCH, forecast_clock_ratio  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
+from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
 from m2live.validate import RowPredictor, in_core_region, measured, read_table  # noqa: E402
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+GEMM_BASELINE = roofline_predictor(0.75)  # the same baseline the planner's decision-quality check uses
 CALIBRATION = {"a100_sxm": "ampere", "h100_sxm": "hopper"}
 OTHER = {"ampere": "hopper", "hopper": "ampere"}
 VIDUR_OPS = {  # Vidur column → our op, and its (N, K) for (n_head, n_kv, d, n_embd, n_expanded, tp)
@@ -37,11 +39,10 @@ VIDUR_OPS = {  # Vidur column → our op, and its (N, K) for (n_head, n_kv, d, n
 
 def baseline_ms(kind: str, row: dict[str, str], gpu_name: str) -> float:
     """Constant-efficiency roofline: eta = 0.75 on both branches, datasheet dense bf16 peak."""
+    if kind == "gemm":
+        return GEMM_BASELINE(gpu_name, int(row["m"]), int(row["n"]), int(row["k"]))
     g = get_gpu(gpu_name)
     peak, bw = g.bf16_tflops * 1e12 * 0.75, g.mem_bw * 0.75
-    if kind == "gemm":
-        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
-        return max(2 * m * n * k / peak, 2 * (m * k + n * k + m * n) / bw) * 1e3
     b, h, kv, d = int(row["batch_size"]), int(row["num_heads"]), int(row["num_key_value_heads"]), int(row["head_dim"])
     if kind == "prefill_attention":
         isl = int(row["isl"])

@@ -757,11 +757,12 @@ def gemm_predictor(clock: str | float = "boost", l2_warm: bool = True) -> Callab
 
 
 def roofline_predictor(eta: float = 0.75) -> Callable[[str, int, int, int], float]:
-    """Baseline: datasheet roofline with one constant efficiency (what a spec-sheet comparison does)."""
+    """Baseline: datasheet roofline with one constant efficiency (what a spec-sheet comparison does): the
+    vendor's dense bf16 TFLOP/s as quoted, and the datasheet bandwidth."""
 
     def fn(gpu: str, m: int, n: int, k: int) -> float:
         g = get_gpu(gpu)
-        return 1e3 * max(2.0 * m * n * k / (eta * g.peak_flops("bf16")), 2.0 * (m * k + n * k + m * n) / (eta * g.mem_bw))
+        return 1e3 * max(2.0 * m * n * k / (eta * g.bf16_tflops * 1e12), 2.0 * (m * k + n * k + m * n) / (eta * g.mem_bw))
 
     return fn
 
