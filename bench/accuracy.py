@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from m2live.efficiency import ARCH, forecast_clock_ratio  # noqa: E402
+from m2live.efficiency import ARCH, forecast_clock_ratio, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
@@ -59,7 +59,7 @@ def score_calibration() -> dict:
     out: dict = {}
     for folder, arch in CALIBRATION.items():
         in_rp = RowPredictor(constants={arch: ARCH[arch]})
-        loo_rp = RowPredictor(constants={arch: ARCH[OTHER[arch]]})
+        loo_rp = RowPredictor(constants={arch: transfer(ARCH[arch], ARCH[OTHER[arch]])})
         for path in sorted((SHARED / "opbench" / folder).glob("*.csv")):
             t = read_table(path)
             meas = measured(t)

@@ -244,7 +244,8 @@ class AdmissionController:
                 return self._done(stop, t, running, limit_seqs, flagged=True, evals=evals)
         # 4. between a feasible lo and an infeasible hi: a secant guess biased half a tolerance low (the step
         # time has kinks: tile waves, chunk boundaries, so a secant guess lands on either side); after a guess
-        # that fits, one probe a tolerance above it; two misses in a row fall back to bisection.
+        # that fits, one probe a tolerance above it; a miss doubles the bias of the next guess; two misses in a
+        # row fall back to bisection. The tolerance follows the best feasible budget.
         tol = tol_at(lo.budget)
         g_lo, g_hi = t_lo - target, t_hi - target
         probe_up, misses = False, 0
@@ -253,13 +254,14 @@ class AdmissionController:
                 x = lo.budget + tol
             elif misses >= 2 or g_hi <= g_lo:
                 x = (lo.budget + hi.budget) // 2
-            else:
-                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget)) - tol // 2
+            else:  # a miss doubles the low bias of the next guess (the curve bends above its chord)
+                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget)) - (tol // 2 << misses)
             x = min(max(x, lo.budget + 1), hi.budget - 1)
             mid = self._plan(view, x, limit_seqs)
             t_mid = cost(mid)
             if t_mid <= target:
                 lo, t_lo, g_lo = mid, t_mid, t_mid - target
+                tol = tol_at(lo.budget)
                 probe_up, misses = not probe_up, 0
             else:
                 hi, t_hi, g_hi = mid, t_mid, t_mid - target

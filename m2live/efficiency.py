@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ArchConstants:
     item_cost: float  # SM-time of one decode work item (one sequence x KV head): block table, softmax, write
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
+    t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
+    # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
+    split_needs_gqa: bool = False
     attn_block_m: int = 128  # query rows per prefill attention CTA
     cta_slots: int = 4  # decode CTAs resident per SM
     tiles: tuple[tuple[int, int], ...] = (
@@ -68,21 +72,24 @@ class ArchConstants:
 # - t_kernel 1.4 / 2.2 us: a kernel's fixed time inside a CUDA graph; overlap p 3.2 / 4.8: how hard the
 #   roofline max is (compute and memory overlap less well near the ridge on Ampere).
 # - attention: ~12 us floor of one vLLM attention call on both GPUs; FlashAttention-2 (A100) at 0.58 and
-#   FlashAttention-3 (H100) at 0.63 of peak with a per-CTA ramp of 200 / 460 keys; ~3-5 us of SM time per
-#   (sequence x KV head) decode item or prefill block; one decode CTA streams 11 (A100) / 42 (H100) GB/s.
+#   FlashAttention-3 (H100) at 0.65 of peak with a per-CTA ramp of 160 / 420 keys; ~3 us of SM time per
+#   (sequence x KV head) decode item or prefill block; one decode CTA streams 23 (A100) / 87 (H100) GB/s (the
+#   A100 figure is read off plain multi-head decode, where FA2 runs one CTA per head over the whole cache);
+#   the split-KV combine kernel costs 10 us on A100 (FA2: a separate launch) and 2 us on H100 (FA3).
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.9862, i_crit=70.97, k0=345, t_kernel=1.397e-06, eta_mem=0.8061, overlap=3.24,
+        eta_tc=0.9863, i_crit=70.97, k0=345.2, t_kernel=1.396e-06, eta_mem=0.8061, overlap=3.241,
         mem_ramp=1.071, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
-        t_attn=1.257e-05, t_attn_over=9.288e-06, eta_attn=0.5834, k0_attn=202.8, eta_attn_mem=0.8896,
-        item_cost=3.78e-06, block_cost=4.887e-06, cta_bw=1.083e+10,
+        t_attn=1.259e-05, t_attn_over=9.387e-06, eta_attn=0.5844, k0_attn=162.3, eta_attn_mem=0.8607,
+        item_cost=3.537e-06, block_cost=3.122e-06, cta_bw=2.299e+10, t_split=1.011e-05,
+        split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.813, i_crit=32.29, k0=204.6, t_kernel=2.187e-06, eta_mem=0.9392, overlap=4.713,
+        eta_tc=0.813, i_crit=32.29, k0=204.5, t_kernel=2.188e-06, eta_mem=0.9392, overlap=4.725,
         mem_ramp=0.9968, l2_speedup=1.0,
-        t_attn=1.183e-05, t_attn_over=1.041e-05, eta_attn=0.6333, k0_attn=460.8, eta_attn_mem=0.929,
-        item_cost=3.177e-06, block_cost=4.025e-06, cta_bw=4.228e+10,
+        t_attn=1.192e-05, t_attn_over=9.456e-06, eta_attn=0.6477, k0_attn=422, eta_attn_mem=0.9275,
+        item_cost=3.178e-06, block_cost=3.261e-06, cta_bw=8.656e+10, t_split=1.958e-06,
         fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
 }
@@ -97,6 +104,20 @@ ARCH["cpu"] = ArchConstants(
     attn_block_m=1, cta_slots=1, tiles=((1, 1),),
     fitted_on="not fitted: CPU peak FLOP/s and bandwidth come from the start-up microbenchmark",
 )
+
+
+# The numbers bench/fit_constants.py fits; everything else in ArchConstants is a kernel fact (tile shapes, query
+# block, resident CTAs, split rule) that belongs to the architecture's kernels and never transfers between them.
+FITTED = (
+    "eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp",
+    "t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost", "cta_bw", "t_split",
+)
+
+
+def transfer(target: ArchConstants, source: ArchConstants) -> ArchConstants:
+    """``target``'s kernel facts with ``source``'s fitted numbers (the leave-one-GPU-out check)."""
+    return replace(target, **{n: getattr(source, n) for n in FITTED}, fitted_on=source.fitted_on,
+                   borrowed_from=None)
 
 
 def arch_constants(arch: str) -> ArchConstants:
@@ -141,6 +162,28 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmE
             best = (cost, GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves))
     assert best is not None
     return best[1]
+
+
+def decode_splits(items: int, key_blocks: int, sms: int, max_splits: int = 128) -> int:
+    """How many KV splits a flash-decoding kernel launches for ``items`` (sequence x KV head) work items.
+
+    Kernel fact (FlashAttention's split-KV rule, FA2 and FA3 alike): no split once the items fill 80 % of the
+    SMs; otherwise the fewest splits (at most one per key block, the SM count, 128) whose last wave is within
+    85 % of the best achievable wave fill.
+    """
+    if items <= 0 or items >= 0.8 * sms:
+        return 1
+    return _fewest_good_splits(items, max(1, min(sms, key_blocks, max_splits)), sms)
+
+
+@lru_cache(maxsize=8192)
+def _fewest_good_splits(items: int, hi: int, sms: int) -> int:
+    fills = []
+    for s in range(1, hi + 1):
+        waves = items * s / sms
+        fills.append(waves / math.ceil(waves))
+    best = max(fills)
+    return next(s for s, fill in enumerate(fills, start=1) if fill >= 0.85 * best)
 
 
 def attention_wave(ctas: int, sms: int) -> float:

@@ -27,6 +27,7 @@ from .efficiency import (
     ArchConstants,
     arch_constants,
     attention_wave,
+    decode_splits,
     forecast_clock_ratio,
     gemm_efficiency,
 )
@@ -34,6 +35,7 @@ from .hardware import GpuSpec, get_gpu
 from .shapes import ModelShape, get_model
 from .step import Step
 
+DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
 OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head", "launch", "host", "sampling")
 
@@ -162,38 +164,49 @@ class OpModel:
         tc += t_items
         tm += t_items
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
-                                   "eta_mem": c.eta_attn_mem})
+                                   "eta_mem": c.eta_attn_mem}, self._cache_write(kv_heads, head_dim, q_tokens))
 
     def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
                          head_dim: int, f_clk: float = 1.0) -> OpTime:
         """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
 
         ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
-        split]); when there are fewer than the SMs, the KV is split (flash-decoding) to fill them. The body is
-        the larger of DRAM streaming and the CTA schedule: waves of resident CTAs, each paying a fixed cost and
-        streaming its share of KV at the rate one CTA can keep in flight.
+        split]); when the items cannot fill the SMs, the KV is split (flash-decoding, ``decode_splits``) and a
+        combine kernel merges the parts (t_split) — except where the kernel splits only grouped-query heads
+        (FlashAttention-2: plain multi-head decode runs one CTA per sequence x head over its whole cache). The
+        body is the larger of DRAM streaming and the CTA schedule: waves of resident CTAs, each paying a fixed
+        cost and streaming its share of KV at the rate one CTA can keep in flight.
         """
         c = self.c
         total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
         kv_read = total_ctx + n_seqs
-        nbytes = self.elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs + 2 * kv_heads * n_seqs)
+        nbytes = self.elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
         sms = self.gpu.sms
-        ctas = items
-        if items < sms:  # split-KV to fill the SMs, one split per >= 256 cached tokens
-            ctas *= max(1, min(-(-sms // items), -(-int(kv_read / n_seqs) // 256)))
+        split = 1
+        if not (c.split_needs_gqa and heads <= kv_heads):  # FA2 splits KV only for grouped-query heads
+            split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
+        ctas = items * split
         t_items = items * c.item_cost / sms
         t_stream = max(nbytes / (self.bw * c.eta_attn_mem), nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
         tm = t_items + t_stream
         tc = flops / (self.peak * f_clk * c.eta_attn)
-        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0})
+        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
+        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
-    def _attn(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
-        """An attention call: its body plus a fixed part, never below the call's floor."""
+    def _attn(self, tc: float, tm: float, factors: dict[str, float], t_after: float = 0.0) -> OpTime:
+        """An attention call: its body plus a fixed part, never below the call's floor, plus the serial
+        passes around the kernel (``t_after``: the KV-cache write, the split-KV combine)."""
         c = self.c
-        t = max(c.t_attn, c.t_attn_over + max(tc, tm))
+        t = max(c.t_attn, c.t_attn_over + max(tc, tm)) + t_after
         return OpTime(t, branch(tc, tm, c.t_attn - c.t_attn_over), tc, tm, factors)
+
+    def _cache_write(self, kv_heads: int, head_dim: int, tokens: int) -> float:
+        """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention: read
+        and write 2 x kv_heads x head_dim per token, streamed (its launch is in t_attn_over)."""
+        nbytes = 4.0 * self.elt * kv_heads * head_dim * tokens
+        return nbytes / (self.bw * self.c.eta_mem * self._ramp(nbytes))
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""

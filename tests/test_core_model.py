@@ -198,3 +198,34 @@ def test_h200_decode_faster_than_h100_same_compute():
     h100 = Predictor.for_gpu(H100, model=LLAMA8B).predict(s, f_clk=1.0).total_s
     h200 = Predictor.for_gpu("NVIDIA H200", model=LLAMA8B).predict(s, f_clk=1.0).total_s
     assert h200 < h100 * 0.85  # 4.8 vs 3.35 TB/s on a memory-bound step
+
+
+def test_decode_split_rule_fills_the_sms_and_stops_when_full():
+    from m2live.efficiency import decode_splits
+
+    assert decode_splits(items=120, key_blocks=64, sms=132) == 1  # >= 80 % of the SMs: no split
+    assert decode_splits(items=8, key_blocks=1, sms=132) == 1  # one key block: nothing to split
+    s = decode_splits(items=8, key_blocks=128, sms=132)
+    assert 1 < s <= 128 and 8 * s >= 0.8 * 132 * 0.85  # the split fills most of one wave
+    assert all(decode_splits(i, 32, 108) <= 32 for i in range(1, 108))  # never more splits than key blocks
+
+
+def test_fa2_decode_does_not_split_plain_multi_head_attention():
+    """FlashAttention-2 (A100) splits the KV cache only for grouped-query heads: one long multi-head sequence
+    streams through a single CTA per head, many times slower than the same cache read under GQA (opbench A100:
+    ~380 us vs ~45 us at 16k context, b=1). FlashAttention-3 (H100) splits both."""
+    from m2live.predictor import OpModel
+
+    a100, h100 = OpModel("NVIDIA A100-SXM4-80GB"), OpModel("NVIDIA H100 80GB HBM3")
+    mha = a100.decode_attention(16383, 1, 8, 8, 128).t
+    gqa = a100.decode_attention(16383, 1, 64, 8, 128).t
+    assert mha > 4 * gqa
+    assert h100.decode_attention(16383, 1, 8, 8, 128).t < 1.5 * h100.decode_attention(16383, 1, 64, 8, 128).t
+
+
+def test_leave_one_gpu_out_transfers_fitted_numbers_not_kernel_facts():
+    from m2live.efficiency import ARCH, FITTED, transfer
+
+    moved = transfer(ARCH["hopper"], ARCH["ampere"])
+    assert all(getattr(moved, n) == getattr(ARCH["ampere"], n) for n in FITTED)
+    assert moved.split_needs_gqa == ARCH["hopper"].split_needs_gqa and moved.tiles == ARCH["hopper"].tiles
