@@ -37,7 +37,7 @@ GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H1
 GROUPS = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split"),
+                  "cta_bw", "t_split", "t_relayout"),
 }
 BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
 
@@ -91,7 +91,7 @@ def mape(gpu: str, c: ArchConstants, data: dict[str, list], kinds: tuple[str, ..
 
 
 def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], maxiter: int) -> ArchConstants:
-    names = GROUPS[group]
+    names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0)  # a zero is a path this arch never takes
     kinds = ("gemm",) if group == "gemm" else ("prefill_attention", "decode_attention")
     x0 = np.array([math.log(getattr(base, n)) for n in names])
 

@@ -46,8 +46,10 @@ class ArchConstants:
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
     t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
+    t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
+    attn_row_pad: int = 0  # prefill query rows are padded to this block (0: the kernel packs heads, no padding)
     attn_block_m: int = 128  # query rows per prefill attention CTA
     cta_slots: int = 4  # decode CTAs resident per SM
     tiles: tuple[tuple[int, int], ...] = (
@@ -72,24 +74,29 @@ class ArchConstants:
 # - t_kernel 1.4 / 2.2 us: a kernel's fixed time inside a CUDA graph; overlap p 3.2 / 4.8: how hard the
 #   roofline max is (compute and memory overlap less well near the ridge on Ampere).
 # - attention: ~12 us floor of one vLLM attention call on both GPUs; FlashAttention-2 (A100) at 0.58 and
-#   FlashAttention-3 (H100) at 0.65 of peak with a per-CTA ramp of 160 / 420 keys; ~3 us of SM time per
-#   (sequence x KV head) decode item or prefill block; one decode CTA streams 23 (A100) / 87 (H100) GB/s (the
-#   A100 figure is read off plain multi-head decode, where FA2 runs one CTA per head over the whole cache);
-#   the split-KV combine kernel costs 10 us on A100 (FA2: a separate launch) and 2 us on H100 (FA3).
+#   FlashAttention-3 (H100) at 0.65 of peak with a per-CTA prologue/epilogue worth 170 / 430 keys per query row
+#   (FA2 pads a chunk's rows to blocks of 64: one head per CTA; FA3 packs the heads of a group, no padding);
+#   ~4 us of SM time per (sequence x KV head) decode item, hidden behind streaming once CTAs share the SMs;
+#   prefill block cost ~3 us on H100 and ~0 on A100 (there the padded-row prologue already carries it);
+#   decode KV streams at 0.71 (A100) / 0.91 (H100) of peak DRAM bandwidth, one decode CTA at <= 22 / 23 GB/s
+#   (read off plain multi-head decode, where FA2 runs one CTA per head over the whole cache); the split-KV
+#   combine kernel costs 7 us on A100 and 2 us on H100; FA2's grouped-query relayout (q into group-rows and
+#   the output back, two copies) 7 us.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.9863, i_crit=70.97, k0=345.2, t_kernel=1.396e-06, eta_mem=0.8061, overlap=3.241,
         mem_ramp=1.071, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
-        t_attn=1.259e-05, t_attn_over=9.387e-06, eta_attn=0.5844, k0_attn=162.3, eta_attn_mem=0.8607,
-        item_cost=3.537e-06, block_cost=3.122e-06, cta_bw=2.299e+10, t_split=1.011e-05,
+        t_attn=1.171e-05, t_attn_over=8.095e-06, eta_attn=0.5821, k0_attn=168.9, eta_attn_mem=0.7134,
+        item_cost=4.078e-06, block_cost=1.61e-07, cta_bw=2.211e+10, t_split=7.312e-06, t_relayout=7.371e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
+        attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
         eta_tc=0.813, i_crit=32.29, k0=204.5, t_kernel=2.188e-06, eta_mem=0.9392, overlap=4.725,
         mem_ramp=0.9968, l2_speedup=1.0,
-        t_attn=1.192e-05, t_attn_over=9.456e-06, eta_attn=0.6477, k0_attn=422, eta_attn_mem=0.9275,
-        item_cost=3.178e-06, block_cost=3.261e-06, cta_bw=8.656e+10, t_split=1.958e-06,
+        t_attn=1.192e-05, t_attn_over=9.228e-06, eta_attn=0.6475, k0_attn=427.1, eta_attn_mem=0.906,
+        item_cost=3.914e-06, block_cost=2.904e-06, cta_bw=2.332e+10, t_split=1.711e-06,
         fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
 }
@@ -111,6 +118,7 @@ ARCH["cpu"] = ArchConstants(
 FITTED = (
     "eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp",
     "t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost", "cta_bw", "t_split",
+    "t_relayout",
 )
 
 

@@ -139,23 +139,29 @@ class OpModel:
         """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix.
 
         CTAs are (sequence, head, block of BM queries); a CTA's main loop runs over its keys, against a fixed
-        prologue/epilogue worth k0_attn keys (eta_duty). Short chunks are latency- and duty-bound.
+        prologue/epilogue worth k0_attn keys for each of its query rows (eta_duty) — rows padded to the kernel's
+        row block where it does not pack query heads into one tile (FlashAttention-2). Short chunks are
+        latency- and duty-bound.
         """
         c = self.c
+        if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
+            return self.decode_attention(sum(ctx for _, ctx in seqs), len(seqs), heads, kv_heads, head_dim, f_clk)
         pairs = 0.0
         q_tokens = 0
         kv_tokens = 0
         ctas = 0
         bm = c.attn_block_m
+        pad = c.attn_row_pad
+        rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
             kv_tokens += ctx + new
             ctas += -(-new // bm)
+            rows += -(-new // pad) * pad if (pad and new > 1) else new
         flops = 4.0 * heads * head_dim * pairs
-        # keys per query block, averaged over the CTAs (work-weighted): pairs / queries
-        keys = pairs / q_tokens if q_tokens else 0.0
-        duty = keys / (keys + c.k0_attn) if c.k0_attn > 0 else 1.0
+        ovh = 4.0 * heads * head_dim * c.k0_attn * rows
+        duty = flops / (flops + ovh) if flops > 0 else 1.0
         wave = attention_wave(ctas * heads, self.gpu.sms)
         tc = flops / (self.peak * f_clk * c.eta_attn * wave * duty)
         nbytes = self.elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
@@ -174,8 +180,9 @@ class OpModel:
         split]); when the items cannot fill the SMs, the KV is split (flash-decoding, ``decode_splits``) and a
         combine kernel merges the parts (t_split) — except where the kernel splits only grouped-query heads
         (FlashAttention-2: plain multi-head decode runs one CTA per sequence x head over its whole cache). The
-        body is the larger of DRAM streaming and the CTA schedule: waves of resident CTAs, each paying a fixed
-        cost and streaming its share of KV at the rate one CTA can keep in flight.
+        body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
+        most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
+        resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
         """
         c = self.c
         total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
@@ -190,9 +197,11 @@ class OpModel:
         ctas = items * split
         t_items = items * c.item_cost / sms
         t_stream = max(nbytes / (self.bw * c.eta_attn_mem), nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
-        tm = t_items + t_stream
+        tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         tc = flops / (self.peak * f_clk * c.eta_attn)
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
+        if c.split_needs_gqa and heads > kv_heads and n_seqs > 1 and kv_heads > 1:
+            t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
     def _attn(self, tc: float, tm: float, factors: dict[str, float], t_after: float = 0.0) -> OpTime:

@@ -229,3 +229,28 @@ def test_leave_one_gpu_out_transfers_fitted_numbers_not_kernel_facts():
     moved = transfer(ARCH["hopper"], ARCH["ampere"])
     assert all(getattr(moved, n) == getattr(ARCH["ampere"], n) for n in FITTED)
     assert moved.split_needs_gqa == ARCH["hopper"].split_needs_gqa and moved.tiles == ARCH["hopper"].tiles
+
+
+def test_single_token_prefill_is_the_decode_kernel_path():
+    """A batch whose longest query is one token runs the decode path (FlashAttention: max_seqlen_q == 1)."""
+    from m2live.predictor import OpModel
+
+    om = OpModel("NVIDIA A100-SXM4-80GB")
+    assert om.prefill_attention([(1, 0)] * 16, 32, 8, 128).t == om.decode_attention(0, 16, 32, 8, 128).t
+    assert om.prefill_attention([(2, 0)] * 16, 32, 8, 128).t != om.decode_attention(0, 16, 32, 8, 128).t
+
+
+def test_fa2_grouped_query_decode_pays_the_relayout_only_when_it_copies():
+    """FA2 lays grouped queries out as rows of one KV head: a real copy only with >1 sequence and >1 KV head."""
+    from dataclasses import replace
+
+    from m2live.efficiency import ARCH
+    from m2live.predictor import OpModel
+
+    with_copy = OpModel("NVIDIA A100-SXM4-80GB")
+    without = OpModel("NVIDIA A100-SXM4-80GB", constants=replace(ARCH["ampere"], t_relayout=0.0))
+    gap = ARCH["ampere"].t_relayout
+    assert with_copy.decode_attention(8 * 100, 8, 32, 8, 128).t - without.decode_attention(8 * 100, 8, 32, 8, 128).t \
+        == pytest.approx(gap)
+    for b, h, kv in ((1, 32, 8), (8, 32, 1), (8, 8, 8)):  # one sequence, one KV head, no grouping: views only
+        assert with_copy.decode_attention(b * 100, b, h, kv, 128).t == without.decode_attention(b * 100, b, h, kv, 128).t
