@@ -84,7 +84,7 @@ class ArchConstants:
 #   the output back, two copies) 7 us.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.9863, i_crit=70.97, k0=345.2, t_kernel=1.396e-06, eta_mem=0.8061, overlap=3.241,
+        eta_tc=0.9862, i_crit=71.01, k0=346.6, t_kernel=7.48e-07, eta_mem=0.8086, overlap=3.234,
         mem_ramp=1.071, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
         t_attn=1.171e-05, t_attn_over=8.095e-06, eta_attn=0.5821, k0_attn=168.9, eta_attn_mem=0.7134,
         item_cost=4.078e-06, block_cost=1.61e-07, cta_bw=2.211e+10, t_split=7.312e-06, t_relayout=7.371e-06,
@@ -93,7 +93,7 @@ ARCH: dict[str, ArchConstants] = {
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.813, i_crit=32.29, k0=204.5, t_kernel=2.188e-06, eta_mem=0.9392, overlap=4.725,
+        eta_tc=0.8149, i_crit=32.22, k0=255.1, t_kernel=1.404e-06, eta_mem=0.9398, overlap=4.099,
         mem_ramp=0.9968, l2_speedup=1.0,
         t_attn=1.192e-05, t_attn_over=9.228e-06, eta_attn=0.6475, k0_attn=427.1, eta_attn_mem=0.906,
         item_cost=3.914e-06, block_cost=2.904e-06, cta_bw=2.332e+10, t_split=1.711e-06,

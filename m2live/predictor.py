@@ -7,7 +7,7 @@
 
 Every operator term is a roofline of a compute branch and a memory branch plus one fixed kernel latency:
 
-    t_op = t_kernel + softmax_p( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
+    t_op = t_fixed + softmax_p( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
                                  bytes / (BW * eta_mem) )
 
 where softmax_p(a, b) = (a^p + b^p)^(1/p) is the roofline max with imperfect overlap of the two near the
@@ -100,11 +100,13 @@ class OpModel:
         self.elt = 1 if dtype == "fp8" else 2
         self.peak = self.gpu.peak_flops(dtype)  # at boost
         self.bw = self.gpu.mem_bw
-        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float]] = {}
+        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
 
     # ---- GEMM -----------------------------------------------------------------------------------
-    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float]:
-        """(compute time at boost, DRAM time, eta_wave, eta_active, eta_duty, eta_mem), cached per shape."""
+    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float, float]:
+        """(compute time at boost, DRAM time, eta_wave, eta_active, eta_duty, eta_mem, fixed time), cached per
+        shape. The fixed time is one kernel latency, two when K is split (the partial sums are reduced after the
+        main loop: a second kernel or a serialised fix-up pass)."""
         key = (m, n, k)
         hit = self._gemm_cache.get(key)
         if hit is not None:
@@ -113,24 +115,22 @@ class OpModel:
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k + m * n)
         eta_mem = self.c.eta_mem * self._ramp(nbytes)  # small transfers reach less of the bandwidth
-        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem)
+        fixed = self.c.t_kernel * (2 if e.split_k > 1 else 1)
+        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
         if len(self._gemm_cache) > 65536:
             self._gemm_cache.clear()
         self._gemm_cache[key] = out
         return out
 
     def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
-        tc, tm, wave, active, duty, eta_mem = self._gemm_base(m, n, k)
+        tc, tm, wave, active, duty, eta_mem, fixed = self._gemm_base(m, n, k)
         tc /= f_clk
         if l2_warm and self.elt * n * k <= 0.5 * self.gpu.l2_bytes:
             tm /= self.c.l2_speedup  # weight re-read from L2 in a benchmark loop (never in serving)
         factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
-        return self._op(tc, tm, factors)
-
-    def _op(self, tc: float, tm: float, factors: dict[str, float]) -> OpTime:
         p = self.c.overlap
         body = (tc**p + tm**p) ** (1.0 / p)
-        return OpTime(self.c.t_kernel + body, branch(tc, tm, self.c.t_kernel), tc, tm, factors)
+        return OpTime(fixed + body, branch(tc, tm, fixed), tc, tm, factors)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
@@ -319,7 +319,6 @@ class Predictor:
                         factors.setdefault(k, {})[name] = v
 
         # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
-        tk = o.c.t_kernel
         ov = o.c.overlap
         inv_ov = 1.0 / ov
         if breakdown:
@@ -329,12 +328,12 @@ class Predictor:
             mem_d: dict[str, float] = {}
             factors.update(eta_wave=wave_d, eta_active=active_d, eta_duty=duty_d, eta_mem=mem_d)
         for name, n, k in self._gemm_list:
-            tc, tm, wave, active, duty, eta_mem = o._gemm_base(T, n, k)
+            tc, tm, wave, active, duty, eta_mem, fixed = o._gemm_base(T, n, k)
             tc /= f
             body = (tc**ov + tm**ov) ** inv_ov
-            ops[name] = (tk + body) * L
+            ops[name] = (fixed + body) * L
             if breakdown:
-                bound[name] = branch(tc, tm, tk)
+                bound[name] = branch(tc, tm, fixed)
                 wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, eta_mem
         # attention
         pre = step.prefill_seqs
