@@ -45,6 +45,7 @@ class ArchConstants:
     item_cost: float  # SM-time of one decode work item (one sequence x KV head): block table, softmax, write
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
+    k_split: float = 512.0  # shortest K slice the library's split-K kernels hand one CTA (split <= K / k_split)
     t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
@@ -65,14 +66,16 @@ class ArchConstants:
 # - eta_tc 0.98 (A100) vs 0.81 (H100) of peak at the NVML max clock: the H100's tensor figure is quoted at
 #   1830 MHz, not its 1980 MHz max, and it runs below max under tensor load even in short bursts — part of
 #   "eta_tc" on Hopper is f_clk, which is why the live clock matters most there.
-# - eta_mem 0.81 (HBM2e, A100) vs 0.94 (HBM3, H100): achieved/peak DRAM bandwidth of long weight streams;
-#   mem_ramp ~1.0 on BOTH GPUs (1.07 / 1.00, fitted independently): a transfer of W MB reaches
+# - eta_mem 0.82 (HBM2e, A100) vs 0.96 (HBM3, H100): achieved/peak DRAM bandwidth of long weight streams;
+#   mem_ramp ~1.0 on BOTH GPUs (1.10 / 1.00, fitted independently): a transfer of W MB reaches
 #   (1 - 1/sqrt(W)) of it — the seed's eta_mem(W) law, and a constant that transfers across generations.
-# - i_crit 70 vs 32 elements: Hopper's wgmma reads operands from shared memory asynchronously, so smaller
+# - i_crit 71 vs 33 elements: Hopper's wgmma reads operands from shared memory asynchronously, so smaller
 #   tiles still keep the tensor cores busy; Ampere's mma.sync needs 128-wide tiles.
-# - k0 345 / 205 K-elements: per-tile prologue/epilogue (Hopper's TMA pipeline fills faster).
-# - t_kernel 1.4 / 2.2 us: a kernel's fixed time inside a CUDA graph; overlap p 3.2 / 4.8: how hard the
-#   roofline max is (compute and memory overlap less well near the ridge on Ampere).
+# - k0 336 / 190 K-elements: per-tile prologue/epilogue (Hopper's TMA pipeline fills faster).
+# - k_split 256 / 1280 K-elements (chosen on a grid): the shortest K slice the library's split-K kernels give
+#   one CTA — cuBLAS on Hopper splits K far less eagerly than on Ampere.
+# - t_kernel 0.9 / 1.7 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice: the
+#   reduction); overlap p 3.3 / 3.4: how hard the roofline max is near the ridge.
 # - attention: ~12 us floor of one vLLM attention call on both GPUs; FlashAttention-2 (A100) at 0.58 and
 #   FlashAttention-3 (H100) at 0.65 of peak with a per-CTA prologue/epilogue worth 170 / 430 keys per query row
 #   (FA2 pads a chunk's rows to blocks of 64: one head per CTA; FA3 packs the heads of a group, no padding);
@@ -84,8 +87,9 @@ class ArchConstants:
 #   the output back, two copies) 7 us.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.9862, i_crit=71.01, k0=346.6, t_kernel=7.48e-07, eta_mem=0.8086, overlap=3.234,
-        mem_ramp=1.071, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
+        eta_tc=0.983, i_crit=71.41, k0=335.5, t_kernel=9.007e-07, eta_mem=0.8156, overlap=3.29,
+        mem_ramp=1.1, l2_speedup=1.0,  # l2_speedup: no measurable L2 re-read gain in opbench (fit: 1.00)
+        k_split=256,
         t_attn=1.171e-05, t_attn_over=8.095e-06, eta_attn=0.5821, k0_attn=168.9, eta_attn_mem=0.7134,
         item_cost=4.078e-06, block_cost=1.61e-07, cta_bw=2.211e+10, t_split=7.312e-06, t_relayout=7.371e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
@@ -93,8 +97,8 @@ ARCH: dict[str, ArchConstants] = {
         fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.8149, i_crit=32.22, k0=255.1, t_kernel=1.404e-06, eta_mem=0.9398, overlap=4.099,
-        mem_ramp=0.9968, l2_speedup=1.0,
+        eta_tc=0.8102, i_crit=32.58, k0=189.6, t_kernel=1.668e-06, eta_mem=0.9569, overlap=3.35,
+        mem_ramp=0.9962, l2_speedup=1.0, k_split=1280,
         t_attn=1.192e-05, t_attn_over=9.228e-06, eta_attn=0.6475, k0_attn=427.1, eta_attn_mem=0.906,
         item_cost=3.914e-06, block_cost=2.904e-06, cta_bw=2.332e+10, t_split=1.711e-06,
         fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
@@ -116,7 +120,7 @@ ARCH["cpu"] = ArchConstants(
 # The numbers bench/fit_constants.py fits; everything else in ArchConstants is a kernel fact (tile shapes, query
 # block, resident CTAs, split rule) that belongs to the architecture's kernels and never transfers between them.
 FITTED = (
-    "eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp",
+    "eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp", "k_split",
     "t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost", "cta_bw", "t_split",
     "t_relayout",
 )
@@ -158,7 +162,7 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmE
         ctas = tm * tn
         split = 1
         if ctas < sms and k >= 1024:
-            split = max(1, min(sms // ctas, k // 512))
+            split = max(1, min(sms // ctas, int(k // c.k_split)))
         kk = k / split
         waves = -(-(ctas * split) // sms)
         intensity = bm * bn / (bm + bn)
