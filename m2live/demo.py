@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = drive(llm, reqs, on_step=tick)
             live.update(_table(col.rows, mon.status(), title))
+    mon.flush()
     st = mon.status()
     mon.close()  # flushes the trace
     from .report import write_report

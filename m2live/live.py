@@ -5,8 +5,13 @@ is set) and the sinks (Prometheus exporter, MQTT publisher, JSONL trace). The sc
 ``vllm_hooks`` calls three hooks per step:
 
     before_schedule(scheduler)          admission: set this step's token budget / admission cap
-    on_schedule(scheduler, output)      convert the SchedulerOutput to a Step; predict it with the live clock
-    on_update(output)                   measure the step; residual tracker; hand the record to the sinks
+    on_schedule(scheduler, output)      convert the SchedulerOutput to a Step; note the live clock reading
+    on_update(output)                   measure the step; queue it for the record thread
+
+The record thread (``m2live-record``) does the rest off the engine's thread: predict the step with the clock
+read when it was scheduled, correct it, update the residual tracker, build the record and hand it to the sinks.
+Its queue is bounded; a step that finds it full displaces the oldest one, counted in ``records_dropped_total``.
+On a GPU the engine thread waits for the device while the record thread runs; ``flush()`` waits for it.
 
 Every hook is wrapped: an exception is counted in ``hook_errors_total``, logged (one line, rate-limited), and never
 reaches vLLM. Nothing here blocks on a device or the network: the clock comes from the sampler's cached value and
@@ -98,8 +103,8 @@ class EngineInfo:
 
 
 class _Pending:
-    __slots__ = ("index", "step", "ids", "pred", "corrected", "reading", "age", "source", "t_start", "ovh0", "hook_s",
-                 "decision", "slo_s")
+    __slots__ = ("index", "step", "ids", "reading", "age", "t_start", "ovh0", "hook_s", "decision", "slo_s",
+                 "measured", "wall_end")
 
     def __init__(self, **kw: Any) -> None:
         for k, v in kw.items():
@@ -160,11 +165,19 @@ class LiveMonitor:
         self._ovh_start = 0.0
         self._pre_s = 0.0
         self._decision = None
-        self.overheads: deque[float] = deque(maxlen=100_000)  # per-step hook time (s), for the benchmark
+        self.overheads: deque[float] = deque(maxlen=100_000)  # per-step hook time on the engine thread (s)
+        self.record_times: deque[float] = deque(maxlen=100_000)  # per-step time on the record thread (s)
         self.step_times: deque[float] = deque(maxlen=100_000)  # per-step measured time (s)
+        # --- the record thread ---------------------------------------------------------------------------
+        self.records_dropped = 0
+        self._work: deque[_Pending] = deque()
+        self._work_max = max(64, self.cfg.queue_size)
+        self._work_cv = threading.Condition()
+        self._busy = False
+        self._record_thread = threading.Thread(target=self._record_loop, name="m2live-record", daemon=True)
         # --- sinks ---------------------------------------------------------------------------------------
         self.sinks: list[Any] = []
-        # observers get (record, step, request ids) in the engine thread: tests and the demo, not exporters
+        # observers get (record, step, request ids) on the record thread: tests and the demo, not exporters
         self.observers: list[Callable[[StepRecord, Step, list[str] | None], None]] = []
         self.trace = None
         self.prometheus = None
@@ -179,6 +192,7 @@ class LiveMonitor:
                 self._count_exporter_error("trace", e)
         if start_exporters:
             self._start_exporters()
+        self._record_thread.start()
         _MONITORS.append(weakref.ref(self))
         log.info("engine %s: predicting %s on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
                  self.engine, self.model_label, self.gpu.name, self.predictor.tp, self.clock_why,
@@ -338,6 +352,7 @@ class LiveMonitor:
             "exporter_errors_total": float(self.exporter_errors + self.sink_errors),
             "clock_errors_total": float(self.sampler.errors if self.sampler is not None else 0),
             "unmatched_steps_total": float(self.unmatched),
+            "records_dropped_total": float(self.records_dropped),
         }
 
     def _error(self, where: str, e: BaseException) -> None:
@@ -406,18 +421,10 @@ class LiveMonitor:
             fresh = reading is not None and age <= self._stale_s
             if self._fault_every and self._n % self._fault_every == 0:
                 raise InjectedFault(f"M2LIVE_FAULT: predictor failure injected on step {self._n}")
-            if fresh:
-                pred = self.predictor.predict(step, clock_mhz=reading.sm_mhz)
-                source = s.source.name
-            else:
-                # no live clock: the power-cap forecast (a device without a power model forecasts boost)
-                pred = self.predictor.predict(step, f_clk=None if self._has_power_model else 1.0)
-                source = "forecast"
-            corrected = self.residuals.correct(pred, step)
             dec = self._decision
-            p = _Pending(index=self._n, step=step, ids=ids, pred=pred, corrected=corrected,
-                         reading=reading if fresh else None, age=age if fresh else None, source=source,
-                         t_start=self._t_start, ovh0=self._ovh_start, hook_s=self._pre_s, decision=dec,
+            p = _Pending(index=self._n, step=step, ids=ids, reading=reading if fresh else None,
+                         age=age if fresh else None, t_start=self._t_start, ovh0=self._ovh_start,
+                         hook_s=self._pre_s, decision=dec, measured=0.0, wall_end=0.0,
                          slo_s=dec[1] if dec else (self.admission.slo_s if self.admission is not None else None))
             if len(self._pending) >= self._max_pending:  # outputs that never came back (aborted engine step)
                 self._pending.pop(next(iter(self._pending)))
@@ -434,29 +441,83 @@ class LiveMonitor:
 
     def on_update(self, output: Any) -> None:
         t_end = time.perf_counter()
+        p = None
         try:
             p = self._pending.pop(id(output), None)
-            if p is None:
-                return
-            if p.t_start >= self._last_end:
-                start, ovh0 = p.t_start, p.ovh0
-            else:  # async scheduling: this step was queued while the previous one ran
-                start, ovh0 = self._last_end, self._ovh_last
-            measured = t_end - start - (self._ovh_total - ovh0)
-            if not measured > 0:
-                measured = t_end - start
-            self._record(p, measured, t_end)
+            if p is not None:
+                if p.t_start >= self._last_end:
+                    start, ovh0 = p.t_start, p.ovh0
+                else:  # async scheduling: this step was queued while the previous one ran
+                    start, ovh0 = self._last_end, self._ovh_last
+                measured = t_end - start - (self._ovh_total - ovh0)
+                p.measured = measured if measured > 0 else t_end - start
+                p.wall_end = time.time()
         except Exception as e:  # noqa: BLE001
             self._error("update", e)
+            p = None
         finally:
             now = time.perf_counter()
-            self._ovh_total += now - t_end
-            self._last_end = now
+            if p is not None:
+                p.hook_s += now - t_end
+                self._enqueue(p)
+            now2 = time.perf_counter()
+            self._ovh_total += now2 - t_end
+            self._last_end = now2
             self._ovh_last = self._ovh_total
 
-    def _record(self, p: _Pending, measured: float, t_end: float) -> None:
+    # --- the record thread --------------------------------------------------------------------------------
+    def _enqueue(self, p: _Pending) -> None:
+        with self._work_cv:
+            if len(self._work) >= self._work_max:
+                self._work.popleft()
+                self.records_dropped += 1
+            self._work.append(p)
+            self._work_cv.notify()
+
+    def _record_loop(self) -> None:
+        while True:
+            with self._work_cv:
+                while not self._work and not self.closed:
+                    self._work_cv.wait(0.5)
+                if not self._work:  # closed and drained
+                    self._work_cv.notify_all()
+                    return
+                p = self._work.popleft()
+                self._busy = True
+            t0 = time.perf_counter()
+            try:
+                self._record(p)
+            except Exception as e:  # noqa: BLE001
+                self._error("record", e)
+            finally:
+                self.record_times.append(time.perf_counter() - t0)
+                with self._work_cv:
+                    self._busy = False
+                    self._work_cv.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every measured step has been recorded (True) or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._work_cv:
+            while self._work or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._record_thread.is_alive():
+                    return False
+                self._work_cv.wait(min(left, 0.1))
+        return True
+
+    def _predict(self, p: _Pending) -> tuple[Prediction, str]:
+        """The step's prediction with the clock read when it was scheduled (else the power-cap forecast)."""
+        if p.reading is not None:
+            return self.predictor.predict(p.step, clock_mhz=p.reading.sm_mhz), self.sampler.source.name
+        # no live clock: the power-cap forecast (a device without a power model forecasts boost)
+        return self.predictor.predict(p.step, f_clk=None if self._has_power_model else 1.0), "forecast"
+
+    def _record(self, p: _Pending) -> None:
         step: Step = p.step
-        pred: Prediction = p.pred
+        pred, source = self._predict(p)
+        corrected = self.residuals.correct(pred, step)  # scored before learning from this step
+        measured = p.measured
         self.residuals.update(step, pred, measured)
         violation = None
         if self.admission is not None:
@@ -465,20 +526,19 @@ class LiveMonitor:
         r = p.reading
         d = p.decision[0] if p.decision else None
         self.steps += 1
-        hook_s = p.hook_s + (time.perf_counter() - t_end)
         rec = StepRecord(
-            step=p.index, time=time.time(), engine=self.engine, gpu=self.gpu.name, model=self.model_label,
+            step=p.index, time=p.wall_end, engine=self.engine, gpu=self.gpu.name, model=self.model_label,
             num_prefill_tokens=c["prefill_tokens"], num_decode_tokens=c["decode_reqs"],
             num_prefill_seqs=len(step.prefill_seqs), num_decode_seqs=c["decode_reqs"],
             prefill_kv_tokens=c["prefill_kv_tokens"], decode_kv_tokens=c["decode_kv_tokens"],
-            predicted_s=pred.total_s, corrected_s=p.corrected, measured_s=measured, f_clk=pred.f_clk,
-            clock_mhz=pred.clock_mhz, boost_mhz=self.gpu.boost_mhz, clock_source=p.source,
+            predicted_s=pred.total_s, corrected_s=corrected, measured_s=measured, f_clk=pred.f_clk,
+            clock_mhz=pred.clock_mhz, boost_mhz=self.gpu.boost_mhz, clock_source=source,
             ops=dict(pred.ops), factors=pred.factors, bound=pred.bound,
             power_w=r.power_w if r else None, power_limit_w=r.power_limit_w if r else None,
             clock_event_reasons=r.event_reasons if r else None, temperature_c=r.temperature_c if r else None,
             clock_age_s=p.age, token_budget=d.token_budget if d else None, max_active=d.max_active if d else None,
             slo_s=p.slo_s, slo_violation=violation, admission_flagged=d.flagged if d else None,
-            hook_overhead_s=hook_s,
+            hook_overhead_s=p.hook_s,
         )
         for sink in self.sinks:
             try:
@@ -486,7 +546,7 @@ class LiveMonitor:
             except Exception as e:  # noqa: BLE001
                 self.sink_errors += 1
                 self._error(f"sink {type(sink).__name__}", e)
-        self.overheads.append(p.hook_s + (time.perf_counter() - t_end))
+        self.overheads.append(p.hook_s)
         for obs in self.observers:
             try:
                 obs(rec, step, p.ids)
@@ -506,7 +566,11 @@ class LiveMonitor:
     def close(self) -> None:
         if self.closed:
             return
+        self.flush(timeout=5.0)  # the steps already measured reach the sinks before they close
         self.closed = True
+        with self._work_cv:
+            self._work_cv.notify_all()
+        self._record_thread.join(timeout=2.0)
         self.residuals.close()
         if self.sampler is not None:
             try:

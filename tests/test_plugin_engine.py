@@ -46,6 +46,7 @@ def _drive(out: str) -> None:
             {"record": rec.to_dict(), "seqs": [list(s) for s in step.seqs],
              "prefill": [step.is_prefill(i) for i in range(len(step))], "ids": ids}))
         summary = drive(llm, reqs, by_steps=True)
+        result["flushed"] = mon.flush()
         result.update(summary=summary, steps=seen, status=mon.status(),
                       scheduler=type(llm.llm_engine.engine_core.engine_core.scheduler).__name__)
         port = os.environ.get("M2LIVE_PROM_PORT")
@@ -113,7 +114,7 @@ def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
     summary = res["summary"]
     assert summary["finished"] == len(WORKLOAD)
     # every engine step captured, each with a sane prediction and measurement
-    assert len(steps) == summary["steps"] >= 40
+    assert res["flushed"] and len(steps) == summary["steps"] >= 40
     assert [s["record"]["step"] for s in steps] == list(range(1, len(steps) + 1))
     for s in steps:
         r = s["record"]

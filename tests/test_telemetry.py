@@ -195,6 +195,7 @@ def test_monitor_contains_errors_and_takes_control(tmp_path):
             mon.before_schedule(None, (512, 32))
             mon.on_schedule(None, o)
             mon.on_update(o)
+        assert mon.flush()  # records are built on the record thread
         c = mon.counters()
         assert c["hook_errors_total"] == 2 + 2  # two injected predictor faults, two failing sink submits
         assert c["exporter_errors_total"] == 2 and mon.steps == 2
