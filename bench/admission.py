@@ -431,7 +431,7 @@ def decision_cost(run: RunResult, slo_s: float, wl: Workload) -> dict:
     """Decision cost of the controller, replayed offline on this machine over the run's own steps: each step's
     decodes and prefill as the running set, a queue of workload prompts waiting (so the budget search really
     runs), the residual tracker trained on the run's measurements as it goes. Also the plugin's whole per-step
-    hook overhead as measured live (trace ``hook_overhead_s``: prediction, residuals, record, decision)."""
+    hook overhead as measured live (trace ``hook_overhead_s``: the engine-thread hooks, decision included)."""
     from m2live import Predictor, Step
     from m2live.admission import AdmissionController, QueueView
     from m2live.cpu_device import cpu_device
@@ -464,7 +464,8 @@ def decision_cost(run: RunResult, slo_s: float, wl: Workload) -> dict:
         "plugin_hook_us_median": 1e6 * pct(hooks, 0.5) if hooks else None,
         "plugin_hook_fraction_of_step_median": pct(hook_frac, 0.5) if hook_frac else None,
         "how": "decide() replayed offline over the m2live run's steps (tracker trained online on its "
-               "measurements); plugin_hook_* = the plugin's whole per-step overhead measured live",
+               "measurements); plugin_hook_* = the plugin's per-step time on the engine's thread measured live "
+               "(hooks incl. the decision; the record is built on m2live's record thread)",
     }
 
 
