@@ -56,7 +56,8 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
     "sample_ms": ("M2LIVE_SAMPLE_MS", "float", "20", "clock sampling period in ms (10-50 recommended)"),
     "engine": ("M2LIVE_ENGINE", "str", "data-parallel rank (`0`)", "engine label on metrics and records"),
     "residual_window": ("M2LIVE_RESIDUAL_WINDOW", "int", "256", "steps in the rolling residual statistics"),
-    "queue_size": ("M2LIVE_QUEUE_SIZE", "int", "4096", "bounded queue of the trace writer (drops are counted)"),
+    "queue_size": ("M2LIVE_QUEUE_SIZE", "int", "4096",
+                   "bounded queues of the record thread and the trace writer (drops are counted)"),
     "fault": ("M2LIVE_FAULT", "str", "unset", "test only: `predict` or `predict:N` makes the predictor raise "
               "(every N-th step) to prove hook errors are contained"),
 }
