@@ -132,6 +132,7 @@ PANELS: list[tuple] = [
         _t(f"sum by (engine) (m2live_hook_errors_total{{{SEL}}})", "hook errors {{engine}}"),
         _t(f"sum by (engine) (m2live_mqtt_dropped_total{{{SEL}}})", "MQTT dropped {{engine}}"),
         _t(f"sum by (engine) (m2live_exporter_dropped_total{{{SEL}}})", "exporter dropped {{engine}}"),
+        _t(f"sum by (engine) (m2live_records_dropped_total{{{SEL}}})", "records dropped {{engine}}"),
     ], 12, {}),
 ]
 
