@@ -1,7 +1,7 @@
 """Fit the per-architecture constants of m2live/efficiency.py on the calibration tables, and check transfer.
 
 Fits, per GPU folder of ../shared/data/opbench (A100-SXM4-80GB → ampere, H100 80GB HBM3 → hopper):
-  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, overlap, mem_ramp, k_split (on a grid)
+  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, overlap, k_split (on a grid); mem_ramp is fixed at 1
                    on GEMMs with N,K in [1024, 16384]
   attention group  t_attn, t_attn_over, eta_attn, k0_attn, eta_attn_mem, item_cost, block_cost, cta_bw, t_split
                    on head_dim-128 attention rows
@@ -36,7 +36,7 @@ from m2live.validate import in_core_region, measured, read_table  # noqa: E402
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper")}
 GROUPS = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "mem_ramp", "k_split"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "k_split"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_relayout"),
 }
