@@ -208,3 +208,34 @@ def test_monitor_contains_errors_and_takes_control(tmp_path):
         assert mon.counters()["hook_errors_total"] == 5
     finally:
         mon.close()
+
+
+def test_record_thread_keeps_the_engine_hooks_short_and_counts_drops(tmp_path):
+    """The engine's thread only queues a measured step; a stalled record thread never blocks it: the bounded queue
+    displaces its oldest step (counted), and flush()/close() drain what is left."""
+    import threading
+
+    from m2live import Step
+
+    mon = _monitor(tmp_path, M2LIVE_QUEUE_SIZE="64")  # the record queue holds at least 64 steps
+    gate = threading.Event()
+    seen: list[int] = []
+    mon.observers.append(lambda rec, step, ids: (gate.wait(10), seen.append(rec.step)))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(200):
+            o = _Out(Step.build([], [100, 200]))
+            mon.before_schedule(None, (512, 32))
+            mon.on_schedule(None, o)
+            mon.on_update(o)
+        hooks_s = time.perf_counter() - t0
+        assert not mon.flush(timeout=0.2)  # the record thread is stuck in the observer
+        assert mon.counters()["records_dropped_total"] >= 200 - 64 - 1
+        gate.set()
+        assert mon.flush(timeout=10)
+        assert mon.steps == len(seen) == 200 - mon.records_dropped
+        assert seen == sorted(seen) and seen[-1] == 200  # oldest displaced, newest kept, in order
+        assert hooks_s < 1.0  # 200 steps through the hooks while nothing was being recorded
+    finally:
+        gate.set()
+        mon.close()
