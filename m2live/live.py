@@ -141,7 +141,7 @@ class LiveMonitor:
             raise ValueError("no model shape: vLLM's model config was unusable and M2LIVE_MODEL is not set")
         self.predictor = Predictor(self.gpu, shape, tp=max(1, info.tp))
         self.model_label = info.model_name or shape.name
-        self.residuals = ResidualTracker(window=self.cfg.residual_window, background=True)
+        self.residuals = ResidualTracker(window=self.cfg.residual_window)
         self._stale_s = max(1.0, 50 * self.cfg.sample_ms / 1000.0)
         self._fault_every = self.cfg.fault_every
         from .efficiency import ENERGY_PER_FLOP
@@ -571,7 +571,6 @@ class LiveMonitor:
         with self._work_cv:
             self._work_cv.notify_all()
         self._record_thread.join(timeout=2.0)
-        self.residuals.close()
         if self.sampler is not None:
             try:
                 self.sampler.stop()

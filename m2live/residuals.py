@@ -16,9 +16,8 @@ Every correction is scored out of sample: ``update`` first records the error of 
 made, then learns from the step. ``upper(q)`` adds the q-quantile of those relative errors (admission control
 uses it as a safety margin).
 
-With ``background=True`` (the plugin) the periodic refit runs on a side thread once past the first 64 steps:
-``update`` only writes the ring buffers and wakes it, so a steady-state engine step never pays for a fit; the new
-coefficients are swapped in atomically. The warm-up fits stay inline: they are small and must apply at once.
+The plugin calls ``update`` on its record thread, off the engine's critical path; admission control reads
+``upper`` on the engine's thread.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def features(prediction: Prediction, step: Step) -> tuple[float, float, float, f
 
 
 class ResidualTracker:
-    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 0.05, refit_every: int = 32,
-                 background: bool = False):
+    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 0.05, refit_every: int = 32):
         if window < 8:
             raise ValueError(f"residual window must be >= 8, got {window}")
         self.window = window
@@ -51,21 +49,15 @@ class ResidualTracker:
         self.refit_every = max(1, refit_every)
         self.n = 0
         self._prior = np.array([0.0, 1.0, 1.0, 0.0])
-        # ring buffer over the last `window` steps, one plain tuple per step (cheap to write on the engine's hot
-        # path; turned into arrays only when fitting or reporting):
+        # ring buffer over the last `window` steps, one plain tuple per step (turned into arrays only when
+        # fitting or reporting):
         # (1, t_mm ms, t_attn ms, num_seqs, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
         self._rows: list[tuple[float, ...]] = []
         self._i = 0
         self._theta: tuple[float, float, float, float] | None = None
         self._ratio_median = 1.0
         self._upper_cache: dict[float, float] = {}
-        self._lock = threading.Lock()  # guards the ring buffers between update() and a background refit
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._worker, name="m2live-residual-fit", daemon=True)
-            self._thread.start()
+        self._lock = threading.Lock()  # guards the ring buffer between update() and readers on other threads
 
     # --- estimates --------------------------------------------------------------------------------
     def correct(self, prediction: Prediction, step: Step) -> float:
@@ -115,32 +107,11 @@ class ResidualTracker:
             if self.n <= 64 or self.n % 8 == 0:
                 self._upper_cache.clear()
         every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
-        if self.n % every == 0 or self.n <= 2 * self.min_fit:
-            if self._thread is not None and self.n > 64:
-                self._wake.set()  # steady state: fit off the engine's thread
-            else:
-                self._refit()  # warm-up (small, cheap fits that must take effect at once) or no side thread
-
-    def _worker(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._closed:
-                return
-            try:
-                self._refit()
-            except Exception:  # noqa: BLE001 - a failed fit keeps the previous coefficients
-                pass
-
-    def close(self) -> None:
-        """Stop the background refit thread (if any)."""
-        self._closed = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        if self.n % every == 0:
+            self._refit()
 
     def _refit(self) -> None:
-        with self._lock:  # a consistent snapshot; the fit itself runs unlocked
+        with self._lock:  # a consistent snapshot
             a = np.array(self._rows, dtype=float).reshape(-1, 8)
         k = len(a)
         X, y, p = a[:, :4], a[:, 4], a[:, 5]
