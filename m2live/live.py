@@ -47,6 +47,7 @@ from .residuals import ResidualTracker
 from .shapes import ModelShape, get_model
 from .step import Step
 from .telemetry import ClockSampler, ClockSource, CpufreqClockSource, NvmlClockSource, TelemetryError
+from .workqueue import DropOldestQueue
 
 log = logging.getLogger("m2live")
 
@@ -169,11 +170,7 @@ class LiveMonitor:
         self.record_times: deque[float] = deque(maxlen=100_000)  # per-step time on the record thread (s)
         self.step_times: deque[float] = deque(maxlen=100_000)  # per-step measured time (s)
         # --- the record thread ---------------------------------------------------------------------------
-        self.records_dropped = 0
-        self._work: deque[_Pending] = deque()
-        self._work_max = max(64, self.cfg.queue_size)
-        self._work_cv = threading.Condition()
-        self._busy = False
+        self._work: DropOldestQueue[_Pending] = DropOldestQueue(max(64, self.cfg.queue_size))
         self._record_thread = threading.Thread(target=self._record_loop, name="m2live-record", daemon=True)
         # --- sinks ---------------------------------------------------------------------------------------
         self.sinks: list[Any] = []
@@ -441,7 +438,6 @@ class LiveMonitor:
 
     def on_update(self, output: Any) -> None:
         t_end = time.perf_counter()
-        p = None
         try:
             p = self._pending.pop(id(output), None)
             if p is not None:
@@ -452,59 +448,40 @@ class LiveMonitor:
                 measured = t_end - start - (self._ovh_total - ovh0)
                 p.measured = measured if measured > 0 else t_end - start
                 p.wall_end = time.time()
+                p.hook_s += time.perf_counter() - t_end  # this hook's share, up to the hand-off
+                self._work.put(p)
         except Exception as e:  # noqa: BLE001
             self._error("update", e)
-            p = None
         finally:
             now = time.perf_counter()
-            if p is not None:
-                p.hook_s += now - t_end
-                self._enqueue(p)
-            now2 = time.perf_counter()
-            self._ovh_total += now2 - t_end
-            self._last_end = now2
+            self._ovh_total += now - t_end
+            self._last_end = now
             self._ovh_last = self._ovh_total
 
     # --- the record thread --------------------------------------------------------------------------------
-    def _enqueue(self, p: _Pending) -> None:
-        with self._work_cv:
-            if len(self._work) >= self._work_max:
-                self._work.popleft()
-                self.records_dropped += 1
-            self._work.append(p)
-            self._work_cv.notify()
+    @property
+    def records_dropped(self) -> int:
+        return self._work.dropped
 
     def _record_loop(self) -> None:
         while True:
-            with self._work_cv:
-                while not self._work and not self.closed:
-                    self._work_cv.wait(0.5)
-                if not self._work:  # closed and drained
-                    self._work_cv.notify_all()
+            items = self._work.take(0.5, most=1)
+            if not items:
+                if self._work.closed:
                     return
-                p = self._work.popleft()
-                self._busy = True
+                continue
             t0 = time.perf_counter()
             try:
-                self._record(p)
+                self._record(items[0])
             except Exception as e:  # noqa: BLE001
                 self._error("record", e)
             finally:
                 self.record_times.append(time.perf_counter() - t0)
-                with self._work_cv:
-                    self._busy = False
-                    self._work_cv.notify_all()
+                self._work.done(1)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every measured step has been recorded (True) or ``timeout`` seconds passed (False)."""
-        deadline = time.monotonic() + timeout
-        with self._work_cv:
-            while self._work or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._record_thread.is_alive():
-                    return False
-                self._work_cv.wait(min(left, 0.1))
-        return True
+        return self._work.join(timeout)
 
     def _predict(self, p: _Pending) -> tuple[Prediction, str]:
         """The step's prediction with the clock read when it was scheduled (else the power-cap forecast)."""
@@ -568,8 +545,7 @@ class LiveMonitor:
             return
         self.flush(timeout=5.0)  # the steps already measured reach the sinks before they close
         self.closed = True
-        with self._work_cv:
-            self._work_cv.notify_all()
+        self._work.close()
         self._record_thread.join(timeout=2.0)
         if self.sampler is not None:
             try:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import deque
 from pathlib import Path
 
 from .record import StepRecord
+from .workqueue import DropOldestQueue
 
 REQUIRED = ("step", "num_prefill_tokens", "num_decode_tokens", "predicted_s", "corrected_s", "measured_s",
             "f_clk", "ops", "factors")
@@ -27,60 +27,41 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 - closed in close()
-        self._q: deque[StepRecord] = deque()
-        self._max = max(1, queue_size)
+        self._q: DropOldestQueue[StepRecord] = DropOldestQueue(queue_size)
         self._flush_s = flush_s
-        self.dropped = 0
         self.written = 0
         self.errors = 0
-        self._cv = threading.Condition()
-        self._closed = False
         self._thread = threading.Thread(target=self._run, name="m2live-trace", daemon=True)
         self._thread.start()
 
-    def submit(self, record: StepRecord) -> None:
-        with self._cv:
-            if self._closed:
-                self.dropped += 1
-                return
-            if len(self._q) >= self._max:
-                self._q.popleft()
-                self.dropped += 1
-            self._q.append(record)
-            self._cv.notify()
+    @property
+    def dropped(self) -> int:
+        return self._q.dropped
 
-    def _drain(self) -> None:
+    def submit(self, record: StepRecord) -> None:
+        self._q.put(record)
+
+    def _run(self) -> None:
         while True:
-            with self._cv:
-                if not self._q:
+            batch = self._q.take(self._flush_s)
+            if not batch:
+                if self._q.closed:
                     return
-                batch = list(self._q)
-                self._q.clear()
+                continue
             try:
                 self._f.write("".join(r.to_json() + "\n" for r in batch))
                 self._f.flush()
                 self.written += len(batch)
             except (OSError, ValueError, TypeError):
                 self.errors += 1
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                if not self._q and not self._closed:
-                    self._cv.wait(self._flush_s)
-                closed = self._closed
-            self._drain()
-            if closed:
-                return
+            finally:
+                self._q.done(len(batch))
 
     def close(self) -> None:
-        with self._cv:
-            if self._closed:
-                return
-            self._closed = True
-            self._cv.notify()
+        if self._q.closed:
+            return
+        self._q.close()
         self._thread.join(timeout=5.0)
-        self._drain()
         try:
             self._f.close()
         except OSError:

@@ -60,12 +60,9 @@ def test_trace_writer_writes_every_record(tmp_path):
 
 def test_trace_writer_bounded_drops_oldest(tmp_path):
     w = TraceWriter(tmp_path / "t.jsonl", queue_size=5, flush_s=10.0)
-    with w._cv:  # hold the writer off while we overfill the queue
+    with w._q._cv:  # hold the writer's thread off (the lock is re-entrant for submit) while we overfill
         for r in _records(20):
-            if len(w._q) >= w._max:
-                w._q.popleft()
-                w.dropped += 1
-            w._q.append(r)
+            w.submit(r)
     w.close()
     got = read_trace(tmp_path / "t.jsonl")
     assert w.dropped == 15 and [g["step"] for g in got] == list(range(16, 21))
