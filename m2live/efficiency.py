@@ -119,13 +119,15 @@ ARCH["cpu"] = ArchConstants(
 )
 
 
-# The numbers bench/fit_constants.py fits; everything else in ArchConstants is a kernel fact (tile shapes, query
-# block, resident CTAs, split rule) that belongs to the architecture's kernels and never transfers between them.
-FITTED = (
-    "eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "k_split",
-    "t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost", "cta_bw", "t_split",
-    "t_relayout",
-)
+# The numbers bench/fit_constants.py fits, by the tables they are fitted on (GEMM rows, attention rows); everything
+# else in ArchConstants is a kernel fact (tile shapes, query block, resident CTAs, split rule) that belongs to the
+# architecture's kernels and never transfers between them.
+FITTED_GROUPS: dict[str, tuple[str, ...]] = {
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "k_split"),
+    "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
+                  "cta_bw", "t_split", "t_relayout"),
+}
+FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 
 
 def transfer(target: ArchConstants, source: ArchConstants) -> ArchConstants:

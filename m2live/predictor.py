@@ -191,8 +191,9 @@ class OpModel:
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
         sms = self.gpu.sms
+        grouped = heads > kv_heads
         split = 1
-        if not (c.split_needs_gqa and heads <= kv_heads):  # FA2 splits KV only for grouped-query heads
+        if grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
             split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
         ctas = items * split
         t_items = items * c.item_cost / sms
@@ -200,7 +201,7 @@ class OpModel:
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         tc = flops / (self.peak * f_clk * c.eta_attn)
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
-        if c.split_needs_gqa and heads > kv_heads and n_seqs > 1 and kv_heads > 1:
+        if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
