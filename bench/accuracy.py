@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from m2live.efficiency import ARCH, forecast_clock_ratio, transfer  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from m2live.efficiency import ARCH, FITTED_GROUPS, forecast_clock_ratio, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
@@ -87,6 +89,30 @@ def score_calibration() -> dict:
     return out
 
 
+def loo_attribution() -> dict:
+    """Which transferred number costs the held-out GPU most: GEMM LOO MAPE (core region) when one fitted GEMM
+    constant is the held-out GPU's own and every other fitted number still comes from the other GPU."""
+    out: dict = {}
+    for folder, arch in CALIBRATION.items():
+        t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
+        meas = measured(t)
+        assert meas is not None
+        core = [(row, m) for kind, row, m in zip(t.kinds, t.rows, meas, strict=True) if in_core_region(kind, row)]
+        loo = transfer(ARCH[arch], ARCH[OTHER[arch]])
+
+        def mape(c, core=core) -> float:
+            om = OpModel(get_gpu(core[0][0]["device"]), constants=c)
+            errs = [abs(om.gemm(int(r["m"]), int(r["n"]), int(r["k"]), 1.0, l2_warm=True).t * 1e3 - m) / m
+                    for r, m in core]
+            return round(100 * sum(errs) / len(errs), 2)
+
+        gpu = core[0][0]["device"]
+        out[gpu] = {"loo": mape(loo), "in_sample": mape(ARCH[arch]),
+                    "loo_with_own": {n: mape(replace(loo, **{n: getattr(ARCH[arch], n)}))
+                                     for n in FITTED_GROUPS["gemm"]}}
+    return out
+
+
 def score_vidur() -> dict:
     """Vidur mlp.csv: per-op median kernel times of Llama projections at num_tokens, TP emulated by shards."""
     gpus = {"a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3", "a40": "NVIDIA A40"}
@@ -140,6 +166,7 @@ def main() -> int:
         "fitted_on": {a: ARCH[a].fitted_on for a in CALIBRATION.values()},
         "calibration": score_calibration(),
         "vidur_validation": score_vidur(),
+        "gemm_loo_attribution": loo_attribution(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
@@ -151,6 +178,9 @@ def main() -> int:
         print(f"vidur {key}: " + ", ".join(f"{op} {v['mape_boost_clock']:.1f}% boost / "
                                            f"{v['mape_forecast_clock']:.1f}% forecast"
                                            for op, v in ops.items() if isinstance(v, dict)))
+    for gpu, v in res["gemm_loo_attribution"].items():
+        print(f"GEMM LOO {gpu}: {v['loo']:.2f}% (in-sample {v['in_sample']:.2f}%); with its own "
+              + ", ".join(f"{n} {x:.2f}%" for n, x in v["loo_with_own"].items()))
     print(f"wrote {args.out}")
     return 0
 
