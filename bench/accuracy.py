@@ -16,16 +16,15 @@ import csv
 import datetime as dt
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dataclasses import replace  # noqa: E402
-
-from m2live.efficiency import ARCH, FITTED_GROUPS, forecast_clock_ratio, transfer  # noqa: E402
+from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, forecast_clock_ratio, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
-from m2live.validate import RowPredictor, in_core_region, measured, read_table  # noqa: E402
+from m2live.validate import RowPredictor, in_core_region, mape, measured, read_table  # noqa: E402
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GEMM_BASELINE = roofline_predictor(0.75)  # the same baseline the planner's decision-quality check uses
@@ -97,19 +96,18 @@ def loo_attribution() -> dict:
         t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
         meas = measured(t)
         assert meas is not None
-        core = [(row, m) for kind, row, m in zip(t.kinds, t.rows, meas, strict=True) if in_core_region(kind, row)]
+        core = [(i, row, m) for i, (kind, row, m) in enumerate(zip(t.kinds, t.rows, meas, strict=True), start=2)
+                if in_core_region(kind, row)]
+
+        def score(c: ArchConstants, core=core, path=t.path, arch=arch) -> float:
+            rp = RowPredictor(constants={arch: c})
+            return round(mape((rp.predict_row("gemm", row, i, path) for i, row, _ in core), (m for *_, m in core)), 2)
+
         loo = transfer(ARCH[arch], ARCH[OTHER[arch]])
-
-        def mape(c, core=core) -> float:
-            om = OpModel(get_gpu(core[0][0]["device"]), constants=c)
-            errs = [abs(om.gemm(int(r["m"]), int(r["n"]), int(r["k"]), 1.0, l2_warm=True).t * 1e3 - m) / m
-                    for r, m in core]
-            return round(100 * sum(errs) / len(errs), 2)
-
-        gpu = core[0][0]["device"]
-        out[gpu] = {"loo": mape(loo), "in_sample": mape(ARCH[arch]),
-                    "loo_with_own": {n: mape(replace(loo, **{n: getattr(ARCH[arch], n)}))
-                                     for n in FITTED_GROUPS["gemm"]}}
+        out[core[0][1]["device"]] = {
+            "loo": score(loo), "in_sample": score(ARCH[arch]),
+            "loo_with_own": {n: score(replace(loo, **{n: getattr(ARCH[arch], n)})) for n in FITTED_GROUPS["gemm"]},
+        }
     return out
 
 
