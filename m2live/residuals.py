@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 
 import numpy as np
 
@@ -52,8 +53,7 @@ class ResidualTracker:
         # ring buffer over the last `window` steps, one plain tuple per step (turned into arrays only when
         # fitting or reporting):
         # (1, t_mm ms, t_attn ms, num_seqs, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
-        self._rows: list[tuple[float, ...]] = []
-        self._i = 0
+        self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
         self._theta: tuple[float, float, float, float] | None = None
         self._ratio_median = 1.0
         self._upper_cache: dict[float, float] = {}
@@ -82,7 +82,9 @@ class ResidualTracker:
             k = len(self._rows)
             if k >= 4:
                 # relative error r = (measured − est)/measured → measured = est / (1 − r)
-                r = float(np.quantile([row[7] for row in self._rows], q))
+                with self._lock:  # update() appends on the record thread
+                    cor = [row[7] for row in self._rows]
+                r = float(np.quantile(cor, q))
                 m = 1.0 / max(0.2, 1.0 - r) if r > 0 else 1.0
             else:
                 m = 1.5  # no evidence yet: a wide margin
@@ -97,11 +99,7 @@ class ResidualTracker:
         row = (*features(prediction, step), 1e3 * measured_s, 1e3 * prediction.total_s,
                (measured_s - prediction.total_s) / measured_s, (measured_s - est) / measured_s)
         with self._lock:
-            if len(self._rows) < self.window:
-                self._rows.append(row)
-            else:
-                self._rows[self._i] = row
-            self._i = (self._i + 1) % self.window
+            self._rows.append(row)
             self.n += 1
             # the error quantile over a window of steps moves slowly: recompute it every 8 steps once warm
             if self.n <= 64 or self.n % 8 == 0:
