@@ -13,7 +13,8 @@ with ``t_mm`` the predicted projection/light/LM-head body and ``t_attn`` the pre
 the mechanistic Prediction, so clock, shapes and batch composition stay mechanistic). The fit is weighted least
 squares on relative error (weight 1/measured) over a rolling window (recent steps only), robust (Huber then Tukey
 weights: outliers such as a preempted CPU get no weight), and a ridge pull toward the prior (a = 0, b = 1, c = 0)
-worth one step of evidence per term (1/64 of the data once 64 steps are in), so that the first fits are sane. Until ``min_fit`` steps are seen, the correction is the rolling median ratio.
+worth one step of evidence per term, so that the first fits are sane and a full window is hardly biased. Until
+``min_fit`` steps are seen, the correction is the rolling median ratio.
 
 Every correction is scored out of sample: ``update`` first records the error of the correction it would have
 made, then learns from the step. ``upper(q)`` adds the q-quantile of those relative errors (admission control
@@ -126,7 +127,7 @@ class ResidualTracker:
             A = X * sw[:, None]
             b = y * sw
             G = A.T @ A
-            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12) * max(1.0, k / 64)
+            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12)  # the prior counts as `ridge` average steps
             try:
                 th = np.linalg.solve(G + np.diag(lam), A.T @ b + lam * self._prior)
             except np.linalg.LinAlgError:
