@@ -146,6 +146,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
 
         # ---- the broker goes away for longer than the publisher's queue lasts, then comes back -------------
         before_wall = [d for _, d in drv.step_wall[-200:]]
+        assert mon.flush()  # counts below compare the sinks' views: none may be mid-record
         dropped0 = mon.mqtt.dropped
         broker.stop()
         t_stop = time.perf_counter()
@@ -156,6 +157,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
                       90, f"{queue + 100} engine steps with the broker down")
         outage_wall = [d for t, d in drv.step_wall if t >= t_stop]
         assert not mon.mqtt.connected
+        assert mon.flush()
         assert mon.mqtt.dropped - dropped0 >= len(seen.items) - seen_at_stop - queue  # oldest dropped, counted
         # the engine never waited for the network: its steps kept their pace
         assert max(outage_wall) < 1.0, f"an engine step took {max(outage_wall):.2f} s while the broker was down"
@@ -170,7 +172,9 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
                       "the stream after the broker came back")
         resumed_s = time.perf_counter() - t_restart
         assert sub.on(f"{topic}/status")[-1] == b"online"  # re-announced after the reconnect
-        # every record is accounted for: published, dropped (counted) or still queued
+        # every record is accounted for: published, dropped (counted) or still queued. The record thread hands
+        # each record to the sinks one after another, so let it finish the last step before counting.
+        assert mon.flush(), "the record thread did not catch up with the engine"
         st = mon.mqtt.stats()
         assert st["submitted"] == len(seen.items) == st["published"] + st["dropped"] + st["queued"]
 
