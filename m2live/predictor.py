@@ -114,7 +114,7 @@ class OpModel:
         e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k + m * n)
-        eta_mem = self.c.eta_mem * self._ramp(nbytes)  # small transfers reach less of the bandwidth
+        eta_mem = self._eta_mem(nbytes)
         fixed = self.c.t_kernel * (2 if e.split_k > 1 else 1)
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
         if len(self._gemm_cache) > 65536:
@@ -216,18 +216,19 @@ class OpModel:
         """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention: read
         and write 2 x kv_heads x head_dim per token, streamed (its launch is in t_attn_over)."""
         nbytes = 4.0 * self.elt * kv_heads * head_dim * tokens
-        return nbytes / (self.bw * self.c.eta_mem * self._ramp(nbytes))
+        return nbytes / (self.bw * self._eta_mem(nbytes))
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""
-        eta = self.c.eta_mem * self._ramp(nbytes / max(1, kernels))
+        eta = self._eta_mem(nbytes / max(1, kernels))
         tm = nbytes / (self.bw * eta)
         fixed = kernels * self.c.t_kernel
         return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
 
-    def _ramp(self, nbytes: float) -> float:
-        """Share of the streaming bandwidth a transfer of ``nbytes`` reaches: 1 - mem_ramp/sqrt(MB)."""
-        return max(0.2, 1.0 - self.c.mem_ramp / math.sqrt(max(nbytes, 1.0) / 1e6))
+    def _eta_mem(self, nbytes: float) -> float:
+        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``: the streaming ceiling eta_mem,
+        which small transfers reach only part of (the ramp 1 - mem_ramp/sqrt(MB))."""
+        return self.c.eta_mem * max(0.2, 1.0 - self.c.mem_ramp / math.sqrt(max(nbytes, 1.0) / 1e6))
 
 
 class Predictor:
