@@ -110,10 +110,18 @@ def test_validate_cli_reports_every_gpu_and_kind():
             assert (gpu, kind) in kinds
 
 
-# Accuracy floors on the calibration tables: they fail when the model regresses. (The headline figures are
-# benchmarks: `make bench` → results/accuracy.json.) The constant-0.75 roofline scores 23.6 % (A100) and
-# 14.5 % (H100) on the GEMM region.
-FLOORS = {("gemm", "core"): 9.0, ("prefill_attention", "core"): 12.0, ("decode_attention", "core"): 12.0}
+# Accuracy floors on the calibration tables, one row per calibration GPU: they fail when the model regresses.
+# (The headline figures are benchmarks: `make bench` → results/accuracy.json.) Each row is (MAPE %, |bias| %)
+# for the core region; the constant-0.75 roofline scores 23.6 % (A100) and 14.5 % (H100) on the GEMM region.
+# The B300 row is what it scores with constants borrowed from Hopper (GEMM 10.9 %, prefill 15.9 %, decode 56.5 %,
+# bias +56 %) until Blackwell's own constants are fitted.
+FLOORS: dict[str, dict[str, tuple[float, float]]] = {
+    "NVIDIA A100-SXM4-80GB": {"gemm": (9.0, 8.0), "prefill_attention": (12.0, 8.0), "decode_attention": (12.0, 8.0)},
+    "NVIDIA H100 80GB HBM3": {"gemm": (9.0, 8.0), "prefill_attention": (12.0, 8.0), "decode_attention": (12.0, 8.0)},
+    "NVIDIA B300 SXM6 AC": {"gemm": (12.0, 11.0), "prefill_attention": (18.0, 8.0),
+                            "decode_attention": (60.0, 60.0)},
+}
+KINDS = ("gemm", "prefill_attention", "decode_attention")
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +129,15 @@ def scores() -> list[dict]:
     return score_directory(OPBENCH)
 
 
-@pytest.mark.parametrize("kind_region", list(FLOORS))
-def test_accuracy_floor_on_calibration_gpus(scores, kind_region):
-    kind, region = kind_region
-    rows = [r for r in scores if r["kind"] == kind and r["region"] == region]
-    assert len(rows) == 2
+def test_every_calibration_gpu_has_a_floor_row(scores):
+    assert {r["gpu"] for r in scores} == set(FLOORS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_accuracy_floor_on_calibration_gpus(scores, kind):
+    rows = [r for r in scores if r["kind"] == kind and r["region"] == "core"]
+    assert {r["gpu"] for r in rows} == set(FLOORS)
     for r in rows:
-        assert r["mape"] <= FLOORS[kind_region], (r["gpu"], kind, r["mape"])
-        assert abs(r["bias"]) < 8.0, (r["gpu"], kind, r["bias"])
+        max_mape, max_bias = FLOORS[r["gpu"]][kind]
+        assert r["mape"] <= max_mape, (r["gpu"], kind, r["mape"])
+        assert abs(r["bias"]) < max_bias, (r["gpu"], kind, r["bias"])
