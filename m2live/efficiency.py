@@ -136,11 +136,14 @@ def transfer(target: ArchConstants, source: ArchConstants) -> ArchConstants:
                    borrowed_from=None)
 
 
-def arch_constants(arch: str) -> ArchConstants:
+def arch_constants(arch: str, dtype: str = "bf16") -> ArchConstants:
+    """The constants of ``arch``'s kernels for ``dtype``: bf16/fp16 (cuBLAS) or fp8 (``ARCH_FP8``, vLLM's CUTLASS
+    scaled-mm; attention and the other fields stay the bf16 ones)."""
+    table = ARCH_FP8 if dtype == "fp8" else ARCH
     try:
-        return ARCH[arch]
+        return table[arch]
     except KeyError:
-        raise ValueError(f"no efficiency constants for architecture {arch!r}") from None
+        raise ValueError(f"no {dtype} efficiency constants for architecture {arch!r}") from None
 
 
 # eta_active is the soft minimum of the tensor-core ceiling and the operand feed of the tile (intensity / i_crit):
@@ -259,3 +262,27 @@ def forecast_clock_ratio(
     if demand_at_boost <= budget:
         return 1.0
     return (budget / demand_at_boost) ** (1.0 / 3.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# fp8 (W8A8) GEMMs: vLLM's CutlassFP8ScaledMMLinearKernel — e4m3 weights and activations, per-tensor scales,
+# fp32 accumulation, bf16 output. CUTLASS picks its own tiles and pipelines (not cuBLAS's), so its GEMM
+# constants are fitted separately, by bench/fit_fp8.py on ../shared/data/opbench_fp8 ONLY (GEMMs with N,K in
+# [1024, 16384], every M): hopper on h100_sxm (NVIDIA H100 80GB HBM3), blackwell on b300_sxm (NVIDIA B300 SXM6
+# AC). Only the GEMM group is fitted; everything else (attention, kernel facts) is the bf16 arch's, because
+# vLLM keeps attention and the KV cache in bf16. ``results/fp8_constants.json`` holds the fit and its
+# leave-one-GPU-out check.
+# --------------------------------------------------------------------------------------------------
+FP8_GEMM_FIT: dict[str, dict[str, float]] = {
+    "hopper": {},
+    "blackwell": {},
+}
+ARCH_FP8: dict[str, ArchConstants] = {
+    arch: replace(ARCH[arch], **fit, fitted_on=f"opbench_fp8 {folder}, bench/fit_fp8.py (GEMM group only)")
+    for arch, fit, folder in (("hopper", FP8_GEMM_FIT["hopper"], "h100_sxm (NVIDIA H100 80GB HBM3)"),
+                              ("blackwell", FP8_GEMM_FIT["blackwell"], "b300_sxm (NVIDIA B300 SXM6 AC)"))
+}
+# Ada's fp8 MMAs run on its mma.sync pipeline (CUTLASS sm89 kernels): no fp8 table measured one, so it keeps
+# its bf16 constants (themselves borrowed from Ampere) with its own fp8 datasheet peak.
+ARCH_FP8["ada"] = replace(ARCH["ada"],
+                          borrowed_from="ada bf16 (ampere) constants: no fp8 table of an mma.sync GPU")

@@ -27,6 +27,7 @@ from .efficiency import (
     ArchConstants,
     arch_constants,
     attention_wave,
+    constants_for,
     decode_splits,
     forecast_clock_ratio,
     gemm_efficiency,
@@ -37,6 +38,7 @@ from .step import Step
 
 DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
+PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head", "launch", "host", "sampling")
 
 
@@ -91,14 +93,27 @@ class Prediction:
 
 
 class OpModel:
-    """Single-operator times on one GPU (bf16 unless told otherwise)."""
+    """Single-operator times on one GPU (bf16 unless told otherwise).
+
+    ``dtype="fp8"`` prices vLLM's W8A8 fp8 GEMMs (CUTLASS scaled-mm: e4m3 weights and activations with
+    per-tensor scales, fp32 accumulation, bf16 output) at the fp8 tensor peak with the fp8 GEMM constants;
+    attention stays bf16 (vLLM keeps attention and the KV cache in bf16), so it is priced as bf16 either way.
+    """
 
     def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None):
         self.gpu = get_gpu(gpu)
-        self.c = constants or arch_constants(self.gpu.arch)
+        if dtype not in PRECISIONS:
+            raise ValueError(f"unknown precision {dtype!r}: one of {', '.join(PRECISIONS)}")
+        if dtype == "fp8" and self.gpu.fp8_tflops is None:
+            raise ValueError(f"{self.gpu.name} ({self.gpu.arch}) has no fp8 tensor cores: fp8 weights need an Ada, "
+                             f"Hopper or Blackwell GPU (use bf16 here)")
+        self.c = constants or constants_for(self.gpu, dtype)
         self.dtype = dtype
-        self.elt = 1 if dtype == "fp8" else 2
-        self.peak = self.gpu.peak_flops(dtype)  # at boost
+        self.elt = 1 if dtype == "fp8" else 2  # bytes per GEMM input element (weights and activations)
+        self.out_elt = 2  # GEMM outputs are bf16 (fp8 scaled-mm dequantises in its epilogue)
+        self.peak = self.gpu.peak_flops(dtype)  # at boost: the GEMMs' tensor peak
+        self.attn_elt = 2  # attention operands and the KV cache: bf16 at either precision
+        self.attn_peak = self.gpu.peak_flops("bf16") if dtype == "fp8" else self.peak
         self.bw = self.gpu.mem_bw
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
 
@@ -113,7 +128,7 @@ class OpModel:
             return hit
         e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
-        nbytes = self.elt * (m * k + n * k + m * n)
+        nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
         fixed = self.c.t_kernel * (2 if e.split_k > 1 else 1)
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
@@ -125,8 +140,8 @@ class OpModel:
     def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
         tc, tm, wave, active, duty, eta_mem, fixed = self._gemm_base(m, n, k)
         tc /= f_clk
-        if l2_warm and self.elt * n * k <= 0.5 * self.gpu.l2_bytes:
-            tm /= self.c.l2_speedup  # weight re-read from L2 in a benchmark loop (never in serving)
+        if l2_warm and self.l2_resident(self.elt * n * k, self.elt * m * k + self.out_elt * m * n):
+            tm = self.l2_time(self.elt * (m * k + n * k) + self.out_elt * m * n)
         factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
         p = self.c.overlap
         body = (tc**p + tm**p) ** (1.0 / p)
@@ -163,8 +178,8 @@ class OpModel:
         ovh = 4.0 * heads * head_dim * c.k0_attn * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         wave = attention_wave(ctas * heads, self.gpu.sms)
-        tc = flops / (self.peak * f_clk * c.eta_attn * wave * duty)
-        nbytes = self.elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
+        tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
+        nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         tm = nbytes / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
         tc += t_items
@@ -173,7 +188,7 @@ class OpModel:
                                    "eta_mem": c.eta_attn_mem}, self._cache_write(kv_heads, head_dim, q_tokens))
 
     def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
-                         head_dim: int, f_clk: float = 1.0) -> OpTime:
+                         head_dim: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
         """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
 
         ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
@@ -187,7 +202,7 @@ class OpModel:
         c = self.c
         total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
         kv_read = total_ctx + n_seqs
-        nbytes = self.elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
+        nbytes = self.attn_elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
         sms = self.gpu.sms
@@ -197,9 +212,10 @@ class OpModel:
             split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
         ctas = items * split
         t_items = items * c.item_cost / sms
-        t_stream = max(nbytes / (self.bw * c.eta_attn_mem), nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
+        t_dram = self.l2_time(nbytes) if l2_warm and self.l2_resident(0.0, nbytes) else nbytes / (self.bw * c.eta_attn_mem)
+        t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
-        tc = flops / (self.peak * f_clk * c.eta_attn)
+        tc = flops / (self.attn_peak * f_clk * c.eta_attn)
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
@@ -215,7 +231,7 @@ class OpModel:
     def _cache_write(self, kv_heads: int, head_dim: int, tokens: int) -> float:
         """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention: read
         and write 2 x kv_heads x head_dim per token, streamed (its launch is in t_attn_over)."""
-        nbytes = 4.0 * self.elt * kv_heads * head_dim * tokens
+        nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
         return nbytes / (self.bw * self._eta_mem(nbytes))
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
@@ -226,9 +242,24 @@ class OpModel:
         return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
 
     def _eta_mem(self, nbytes: float) -> float:
-        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``: the streaming ceiling eta_mem,
-        which small transfers reach only part of (the ramp 1 - mem_ramp/sqrt(MB))."""
-        return self.c.eta_mem * max(0.2, 1.0 - self.c.mem_ramp / math.sqrt(max(nbytes, 1.0) / 1e6))
+        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``. Little's law: the memory system
+        needs W0 = BW * t_ramp bytes in flight to reach its streaming ceiling eta_mem, so a kernel that moves W
+        bytes gets eta_mem / (1 + sqrt(W0 / W)) — the seed's 1 - sqrt(W0/W) law for long streams, with W0 growing
+        with the bandwidth (an 8 TB/s HBM3e needs ~4x the bytes of a 2 TB/s HBM2e) instead of a fixed 1 MB."""
+        w0 = self.bw * self.c.t_ramp
+        return self.c.eta_mem / (1.0 + math.sqrt(w0 / max(nbytes, 1.0)))
+
+    # ---- L2 residency (benchmark loops only: serving streams each layer's weights from DRAM once a step) ----
+    BENCH_COPIES = 6  # the opbench collector cycles six copies of each operand through its timed loop
+
+    def l2_resident(self, reread_bytes: float, other_bytes: float = 0.0) -> bool:
+        """True when a benchmark loop re-reads its operands from L2: the collector's six copies of the re-read
+        operand (a GEMM's weight, a decode row's KV cache) and the rest of the working set fit in the L2."""
+        return self.BENCH_COPIES * reread_bytes + other_bytes <= self.gpu.l2_bytes
+
+    def l2_time(self, nbytes: float) -> float:
+        """Streaming ``nbytes`` out of L2: its read bandwidth (bytes per SM per clock x SMs x boost clock)."""
+        return nbytes / (self.c.l2_bytes_per_clk * self.gpu.sms * self.gpu.boost_mhz * 1e6)
 
 
 class Predictor:
@@ -236,8 +267,17 @@ class Predictor:
 
     def __init__(self, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike, tp: int = 1,
                  dtype: str = "bf16", host: HostConstants | None = None,
-                 constants: ArchConstants | None = None):
-        self.ops = OpModel(gpu, dtype=dtype, constants=constants)
+                 constants: ArchConstants | None = None, act_scale: str = "static"):
+        """``dtype``: precision of the four projections' weights ("bf16", or "fp8": vLLM's W8A8 linear layers;
+        attention, the KV cache, the LM head and the embeddings stay bf16). ``act_scale`` (fp8 only): "static"
+        (the checkpoint's calibrated per-tensor input scales) or "dynamic" (vLLM's default for on-the-fly fp8:
+        a max reduction over each projection's input every step before quantising it)."""
+        if act_scale not in ("static", "dynamic"):
+            raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
+        self.dtype = dtype
+        self.act_scale = act_scale
+        self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants)
+        self.gemm_ops = OpModel(self.ops.gpu, dtype="fp8") if dtype == "fp8" else self.ops  # the 4 projections
         self.gpu = self.ops.gpu
         base = get_model(model)
         self.model = base.sharded(tp)
@@ -254,6 +294,16 @@ class Predictor:
         self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
                                            + 3 * m.intermediate // tp + 4 * kv * hd)
         self._light_kernels = 5
+        self._extra_kernels = 0
+        if dtype == "fp8":
+            # vLLM quantises each projection's input to e4m3 before its scaled-mm (QuantFP8 -> scaled_fp8_quant):
+            # read bf16, write fp8 = 3 B per element, one kernel per projection; a dynamic per-tensor scale reads
+            # the input once more for its max reduction, in a kernel of its own
+            elems = 2 * h + m.heads_per_gpu * hd + m.intermediate // tp  # inputs of qkv, gate_up; o; down
+            passes = 2 if act_scale == "dynamic" else 1
+            self._light_bytes_per_token += (3 + 2 * (passes - 1)) * elems
+            self._extra_kernels = 4 * passes
+            self._light_kernels += self._extra_kernels
 
     @classmethod
     def for_gpu(cls, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike = "meta-llama/Llama-3.1-8B",
@@ -282,6 +332,9 @@ class Predictor:
         if t <= 0:
             return 1.0
         flops, nbytes = self.work(step)
+        if self.gemm_ops is not self.ops:  # fp8 projections: count their FLOPs at the bf16 peak's energy per FLOP
+            g = 2.0 * step.num_tokens * sum(n * k for n, k in self._gemm_nk.values()) * self.model.layers
+            flops += g * (self.ops.peak / self.gemm_ops.peak - 1.0)
         return forecast_clock_ratio(self.gpu.tdp_w, self.ops.peak, self.gpu.arch,
                                     tensor_activity=flops / (t * self.ops.peak),
                                     mem_activity=nbytes / (t * self.ops.bw))
@@ -305,7 +358,7 @@ class Predictor:
         return self._predict(step, f_clk, "live", breakdown=False).total_s
 
     def _predict(self, step: Step, f: float, source: str, breakdown: bool) -> Prediction:
-        m, o, host = self.model, self.ops, self.host
+        m, o, g, host = self.model, self.ops, self.gemm_ops, self.host
         L = m.layers
         T = step.num_tokens
         ops: dict[str, float] = {}
@@ -321,7 +374,7 @@ class Predictor:
                         factors.setdefault(k, {})[name] = v
 
         # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
-        ov = o.c.overlap
+        ov = g.c.overlap
         inv_ov = 1.0 / ov
         if breakdown:
             wave_d: dict[str, float] = {}
@@ -330,7 +383,7 @@ class Predictor:
             mem_d: dict[str, float] = {}
             factors.update(eta_wave=wave_d, eta_active=active_d, eta_duty=duty_d, eta_mem=mem_d)
         for name, n, k in self._gemm_list:
-            tc, tm, wave, active, duty, eta_mem, fixed = o._gemm_base(T, n, k)
+            tc, tm, wave, active, duty, eta_mem, fixed = g._gemm_base(T, n, k)
             tc /= f
             body = (tc**ov + tm**ov) ** inv_ov
             ops[name] = (fixed + body) * L
@@ -370,7 +423,7 @@ class Predictor:
         if T <= host.graph_max_tokens:
             t_launch = (L + 1) * host.t_graph / 4  # piecewise graphs: one replay per layer piece
         else:
-            t_launch = (L * host.kernels_per_layer + 4) * host.t_launch
+            t_launch = (L * (host.kernels_per_layer + self._extra_kernels) + 4) * host.t_launch
         ops["launch"] = max(0.0, t_launch - t_blocks)
         ops["host"] = host.alpha * step.num_seqs
         ops["sampling"] = host.t_samp
@@ -390,9 +443,10 @@ class Predictor:
         d = m.dtype_bytes
         flops = 0.0
         nbytes = 0.0
+        e = self.gemm_ops.elt  # projection weights and inputs: 1 B in fp8; outputs bf16
         for n, k in self._gemm_nk.values():
             flops += 2.0 * T * n * k
-            nbytes += d * (T * k + n * k + T * n)
+            nbytes += e * (T * k + n * k) + d * T * n
         pairs = sum(new * ctx + new * (new + 1) / 2.0 for new, ctx in step.prefill_seqs)
         dec = step.decode_contexts
         pairs += sum(dec) + len(dec)
