@@ -50,7 +50,8 @@ RESIDUAL_BUCKETS = (-1.0, -0.75, -0.5, -0.4, -0.3, -0.2, -0.15, -0.1, -0.05, -0.
 OVERHEAD_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2)
 
 # Cumulative counters the exporter reads from ``counters()`` at scrape time (always exported, 0 by default).
-SCRAPE_COUNTERS = ("hook_errors_total", "mqtt_dropped_total", "slo_violations_total", "records_dropped_total")
+SCRAPE_COUNTERS = ("hook_errors_total", "mqtt_dropped_total", "slo_violations_total", "records_dropped_total",
+                   "control_changes_total", "control_rejected_total", "trace_dropped_total", "trace_errors_total")
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 Key = tuple[str, str, str]  # (engine, gpu, model)

@@ -7,13 +7,17 @@ listed in ``OPTIONS`` (the README table is generated from it: ``python -m m2live
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import socket
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+from . import limits
 
 
 class ConfigError(ValueError):
@@ -51,6 +55,11 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
     "mqtt_tls_ca": ("M2LIVE_MQTT_TLS_CA", "str", "unset", "CA bundle for MQTT over TLS"),
     "mqtt_tls_cert": ("M2LIVE_MQTT_TLS_CERT", "str", "unset", "client certificate for MQTT over TLS"),
     "mqtt_tls_key": ("M2LIVE_MQTT_TLS_KEY", "str", "unset", "client key for MQTT over TLS"),
+    "mqtt_control": ("M2LIVE_MQTT_CONTROL", "bool", "0", "accept SLO / admission changes on "
+                     "`m2live/<instance>/control` (off: the topic is not even subscribed; lock it with broker "
+                     "ACLs when on)"),
+    "mqtt_control_retained": ("M2LIVE_MQTT_CONTROL_RETAINED", "bool", "0", "also apply a *retained* control "
+                              "message found at connect (off: only messages published while connected count)"),
     "trace": ("M2LIVE_TRACE", "str", "unset (no trace)", "JSONL file with one record per step "
               "(data-parallel engine i > 0 writes `<stem>.dp<i><suffix>`)"),
     "sample_ms": ("M2LIVE_SAMPLE_MS", "float", "20", "clock sampling period in ms (10-50 recommended)"),
@@ -82,6 +91,8 @@ class M2liveConfig:
     mqtt_tls_ca: str | None = None
     mqtt_tls_cert: str | None = None
     mqtt_tls_key: str | None = None
+    mqtt_control: bool = False
+    mqtt_control_retained: bool = False
     trace: str | None = None
     sample_ms: float = 20.0
     engine: str | None = None  # None: the data-parallel rank
@@ -89,6 +100,7 @@ class M2liveConfig:
     queue_size: int = 4096
     fault: str | None = None
     source: list[str] = field(default_factory=list)  # where values came from (file path, "env")
+    warnings: list[str] = field(default_factory=list)  # e.g. unknown M2LIVE_* variables (closest known named)
 
     # --- derived ----------------------------------------------------------------------------------
     @property
@@ -107,7 +119,7 @@ class M2liveConfig:
 
     def for_engine(self, index: int) -> M2liveConfig:
         """This config as data-parallel engine ``index`` sees it (label, port, trace path, instance)."""
-        c = replace(self, source=list(self.source))
+        c = replace(self, source=list(self.source), warnings=list(self.warnings))
         if c.engine is None:
             c.engine = str(index)
         if index:
@@ -134,43 +146,93 @@ class M2liveConfig:
         if from_env:
             sources.append("env")
         raw.update(from_env)
-        return cls.from_dict(raw, sources)
+        cfg = cls.from_dict(raw, sources)
+        cfg.warnings.extend(unknown_env(env))
+        return cfg
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, object], sources: list[str] | None = None) -> M2liveConfig:
         kw: dict[str, object] = {}
-        names = {f.name for f in fields(cls)} - {"source"}
+        names = {f.name for f in fields(cls)} - {"source", "warnings"}
         by_env = {v[0]: k for k, v in OPTIONS.items()}
         for key, value in raw.items():
             name = by_env.get(key, key)
             if name not in names:
-                raise ConfigError(f"unknown m2live option {key!r} (known: {', '.join(sorted(names))})")
+                near = _closest(str(key), [*names, *by_env])
+                hint = f"did you mean {near!r}? " if near else ""
+                raise ConfigError(f"unknown m2live option {key!r} ({hint}known: {', '.join(sorted(names))})")
             kw[name] = _convert(name, value)
         cfg = cls(**kw, source=list(sources or []))
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
-        if self.slo_ms is not None and not (0 < self.slo_ms < 1e6):
-            raise ConfigError(f"M2LIVE_SLO_MS must be a positive number of milliseconds, got {self.slo_ms}")
-        if not (0 <= self.slo_margin < 1):
-            raise ConfigError(f"M2LIVE_SLO_MARGIN must be within [0, 1), got {self.slo_margin}")
-        if not (0 < self.prom_port < 65536):
-            raise ConfigError(f"M2LIVE_PROM_PORT must be a TCP port (1-65535), got {self.prom_port}")
-        if not (1 <= self.sample_ms <= 10000):
-            raise ConfigError(f"M2LIVE_SAMPLE_MS must be within 1 .. 10000 ms, got {self.sample_ms}")
-        if self.residual_window < 8:
-            raise ConfigError(f"M2LIVE_RESIDUAL_WINDOW must be >= 8, got {self.residual_window}")
-        if self.queue_size < 1:
-            raise ConfigError(f"M2LIVE_QUEUE_SIZE must be >= 1, got {self.queue_size}")
-        if self.gpu_index is not None and self.gpu_index < 0:
-            raise ConfigError(f"M2LIVE_GPU_INDEX must be >= 0, got {self.gpu_index}")
+        """Every number within its bound in ``m2live.limits`` (the MQTT control uses the same bounds)."""
+        L = limits
+        if self.slo_ms is not None:
+            L.SLO_MS.check(self.slo_ms, "M2LIVE_SLO_MS", ConfigError)
+        L.SLO_MARGIN.check(self.slo_margin, "M2LIVE_SLO_MARGIN", ConfigError)
+        L.PORT.check(self.prom_port, "M2LIVE_PROM_PORT (a TCP port)", ConfigError)
+        L.SAMPLE_MS.check(self.sample_ms, "M2LIVE_SAMPLE_MS", ConfigError)
+        L.RESIDUAL_WINDOW.check(self.residual_window, "M2LIVE_RESIDUAL_WINDOW", ConfigError)
+        L.QUEUE_SIZE.check(self.queue_size, "M2LIVE_QUEUE_SIZE", ConfigError)
+        if self.gpu_index is not None:
+            L.GPU_INDEX.check(self.gpu_index, "M2LIVE_GPU_INDEX", ConfigError)
         if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):
-            raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {self.mqtt_url!r}")
+            raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {mask_url(self.mqtt_url)!r}")
         if self.fault:
             kind, _, n = self.fault.partition(":")
-            if kind != "predict" or (n and not (n.isdigit() and int(n) > 0)):
+            if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):
                 raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
+
+    def describe(self) -> dict[str, object]:
+        """Every option with its effective value, secrets masked (``m2live config check``)."""
+        out: dict[str, object] = {}
+        for name in OPTIONS:
+            v = getattr(self, name, None)
+            if name in SECRET_OPTIONS and v:
+                v = "***"
+            elif name == "mqtt_url" and v:
+                v = mask_url(str(v))
+            out[name] = v
+        return out
+
+
+SECRET_OPTIONS = ("mqtt_password",)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any user:password part replaced by ``***`` (for logs and error messages)."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        netloc = u.netloc
+    except ValueError:
+        netloc = ""
+    if "@" in netloc:
+        return url.replace(netloc, "***@" + netloc.rsplit("@", 1)[1], 1)
+    if "@" in url:  # not parseable as a URL, but something before an @ may still be a secret
+        return "***@" + url.rsplit("@", 1)[1]
+    return url
+
+
+# M2LIVE_* variables that are not plugin options but are read elsewhere (tests, tools)
+OTHER_VARIABLES = ("M2LIVE_CONFIG", "M2LIVE_SNAPSHOT")
+
+
+def _closest(name: str, known: list[str]) -> str | None:
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``M2LIVE_*`` variable that no option reads, naming the closest known variable."""
+    known = [v[0] for v in OPTIONS.values()] + list(OTHER_VARIABLES)
+    out = []
+    for k in sorted(environ):
+        if k.startswith("M2LIVE_") and k not in known:
+            near = _closest(k, known)
+            out.append(f"unknown variable {k} is ignored" + (f" (did you mean {near}?)" if near else ""))
+    return out
 
 
 def _hostname() -> str:
@@ -183,9 +245,13 @@ def _hostname() -> str:
 def _read_file(path: str) -> dict[str, object]:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"M2LIVE_CONFIG: cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"M2LIVE_CONFIG: {path} is not a UTF-8 text file (JSON or TOML expected)") from None
+    if "\x00" in text:
+        raise ConfigError(f"M2LIVE_CONFIG: {path} is a binary file (JSON or TOML expected)")
     try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
@@ -198,6 +264,8 @@ def _read_file(path: str) -> dict[str, object]:
                 data = tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"M2LIVE_CONFIG: {path} is neither valid JSON nor TOML ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"M2LIVE_CONFIG: {path} is nested too deeply to be a table of options") from None
     if isinstance(data, dict) and isinstance(data.get("m2live"), dict):
         data = data["m2live"]  # allow a [m2live] table
     if not isinstance(data, dict):

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import limits
 from .config import M2liveConfig
 from .predictor import Prediction, Predictor
 from .record import StepRecord
@@ -130,6 +131,8 @@ class LiveMonitor:
         self.unmatched = 0
         self.sink_errors = 0
         self.exporter_errors = 0
+        self.control_changes = 0  # remote control changes applied (MQTT)
+        self.control_rejected = 0  # remote control changes refused here (the publisher counts its own)
         self._err_logged: dict[str, int] = {}
         self._lock = threading.Lock()  # set_slo_ms / set_admission come from the MQTT thread
 
@@ -248,10 +251,21 @@ class LiveMonitor:
             return int(first)
         return max(0, self.info.local_rank) * max(1, self.info.tp)
 
+    def _scrub(self, text: str) -> str:
+        """``text`` with the MQTT password and any URL user:password part masked (every log line goes through)."""
+        from .config import mask_url
+
+        pw = self.cfg.mqtt_password
+        if pw:
+            text = text.replace(pw, "***")
+        if self.cfg.mqtt_url and self.cfg.mqtt_url in text:
+            text = text.replace(self.cfg.mqtt_url, mask_url(self.cfg.mqtt_url))
+        return text
+
     def _count_exporter_error(self, what: str, e: BaseException) -> None:
         self.exporter_errors += 1
-        log.warning("engine %s: %s unavailable, continuing without it: %s", self.engine, what,
-                    str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        log.warning("engine %s: %s unavailable, continuing without it: %s", self.engine, self._scrub(what),
+                    self._scrub(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
 
     def _start_exporters(self) -> None:
         cfg = self.cfg
@@ -275,7 +289,8 @@ class LiveMonitor:
                 from exporters.mqtt import MqttPublisher
 
                 pub = MqttPublisher(cfg.mqtt_url, cfg.mqtt_instance or f"m2live-{self.engine}",
-                                    on_control=self.on_control, username=cfg.mqtt_username,
+                                    on_control=self.on_control if cfg.mqtt_control else None,
+                                    control_retained=cfg.mqtt_control_retained, username=cfg.mqtt_username,
                                     password=cfg.mqtt_password, tls_ca=cfg.mqtt_tls_ca,
                                     tls_cert=cfg.mqtt_tls_cert, tls_key=cfg.mqtt_tls_key)
                 pub.start()
@@ -304,9 +319,13 @@ class LiveMonitor:
         return self.admission is not None and self.admission.slo_s is not None
 
     def set_slo_ms(self, slo_ms: float | None) -> None:
-        """Change the step SLO live (None: no SLO, admission off). Thread-safe."""
-        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and math.isfinite(slo_ms) and slo_ms > 0):
-            raise ValueError(f"SLO must be a positive number of ms, got {slo_ms!r}")
+        """Change the step SLO live (None: no SLO, admission off); the bounds of ``M2LIVE_SLO_MS``. Thread-safe."""
+        if slo_ms is not None:
+            try:
+                limits.SLO_MS.check(slo_ms, "SLO")
+            except ValueError:
+                raise ValueError(f"SLO must be a positive number of ms within {limits.SLO_MS.describe()}, got "
+                                 f"{slo_ms!r}") from None
         with self._lock:
             self._slo_ms = None if slo_ms is None else float(slo_ms)
             if self._slo_ms is not None and self.cfg.admission is None:
@@ -329,13 +348,27 @@ class LiveMonitor:
         log.info("engine %s: admission %s", self.engine, "on" if self.admission_active else "off")
 
     def on_control(self, msg: dict) -> None:
-        """MQTT control message (already validated by the publisher), e.g. {"slo_ms": 40} / {"admission": false}."""
+        """MQTT control message (already validated by the publisher), e.g. {"slo_ms": 40} / {"admission": false}.
+        Values are checked again against the configuration's bounds; each applied change is logged with the
+        old and the new value and counted in ``control_changes_total``, a refused one in
+        ``control_rejected_total``."""
         try:
+            before = (self._slo_ms, self.admission_active)
             if "slo_ms" in msg:
                 self.set_slo_ms(msg["slo_ms"])
             if "admission" in msg:
-                self.set_admission(bool(msg["admission"]))
+                v = msg["admission"]
+                if not isinstance(v, bool):
+                    raise ValueError(f"admission must be true or false, got {v!r}")
+                self.set_admission(v)
+            self.control_changes += 1
+            by = msg.get("by")
+            log.warning("engine %s: remote control applied at %s by %s: SLO %s -> %s ms, admission %s -> %s",
+                        self.engine, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        f"'{by}' (as the message says)" if by else "an unnamed MQTT publisher", before[0],
+                        self._slo_ms, "on" if before[1] else "off", "on" if self.admission_active else "off")
         except Exception as e:  # noqa: BLE001
+            self.control_rejected += 1
             self._error("control", e)
 
     # --- counters ---------------------------------------------------------------------------------------
@@ -350,6 +383,10 @@ class LiveMonitor:
             "clock_errors_total": float(self.sampler.errors if self.sampler is not None else 0),
             "unmatched_steps_total": float(self.unmatched),
             "records_dropped_total": float(self.records_dropped),
+            "control_changes_total": float(self.control_changes),
+            "control_rejected_total": float(self.control_rejected + (getattr(mq, "control_rejected", 0)
+                                                                     if mq is not None else 0)),
+            "trace_errors_total": float(self.trace.errors if self.trace is not None else 0),
         }
 
     def _error(self, where: str, e: BaseException) -> None:
@@ -357,7 +394,7 @@ class LiveMonitor:
         n = self._err_logged.get(where, 0) + 1
         self._err_logged[where] = n
         if n == 1 or n % 1000 == 0:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            msg = self._scrub(str(e).strip().splitlines()[0] if str(e).strip() else "")
             log.warning("engine %s: hook error in %s (%d so far, engine continues): %s: %s", self.engine, where,
                         n, type(e).__name__, msg)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .trace import TraceError, read_trace
+from .trace import TraceError, load_trace
 
 _OP_ORDER = ("qkv", "o", "gate_up", "down", "attn_prefill", "attn_decode", "light", "allreduce", "lm_head",
              "launch", "host", "sampling")
@@ -41,7 +41,9 @@ def summarize(records: list[dict], warmup: int = 20) -> dict:
 
 
 def write_report(trace: str | Path, out: str | Path, warmup: int = 20) -> dict:
-    records = read_trace(trace)
+    """Render ``trace`` to the PNG ``out``; returns the summary (``skipped_lines``: torn or garbled lines left out)."""
+    contents = load_trace(trace)
+    records = contents.records
     meas_ok = [r for r in records if isinstance(r.get("measured_s"), (int, float)) and r["measured_s"] > 0]
     if not meas_ok:
         raise TraceError(f"{trace}: no step in the trace has a measurement")
@@ -55,6 +57,9 @@ def write_report(trace: str | Path, out: str | Path, warmup: int = 20) -> dict:
     pred = np.array([r["predicted_s"] for r in records], float) * 1e3
     corr = np.array([r["corrected_s"] for r in records], float) * 1e3
     summ = summarize(records, warmup)
+    summ["skipped_lines"] = len(contents.skipped)
+    summ["first_skipped"] = (f"line {contents.skipped[0][0]}: {contents.skipped[0][1]}" if contents.skipped
+                             else None)
     first = records[0]
     model = str(first.get("model", ""))
     if model.startswith("/"):
@@ -138,7 +143,11 @@ def write_report(trace: str | Path, out: str | Path, warmup: int = 20) -> dict:
 
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise TraceError(f"cannot write {out}: {e.strerror or e.__class__.__name__}") from None
+    finally:
+        plt.close(fig)
     return summ

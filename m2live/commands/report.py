@@ -8,7 +8,7 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="JSONL trace written by the plugin (M2LIVE_TRACE)")
     p.add_argument("-o", "--out", default="report.png", help="PNG to write (default report.png)")
-    p.add_argument("--warmup", type=int, default=20, help="steps left out of the error summary (default 20)")
+    p.add_argument("--warmup", default="20", help="steps left out of the error summary (default 20)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,9 +16,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not str(args.out).lower().endswith(".png"):
         raise ValueError(f"output must be a .png file, got {args.out}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-    s = write_report(args.trace, args.out, warmup=args.warmup)
+    from m2live.limits import WARMUP_STEPS
+
+    warmup = int(WARMUP_STEPS.parse(args.warmup, "--warmup"))
+    s = write_report(args.trace, args.out, warmup=warmup)
     er, ec = s["median_abs_error_raw"], s["median_abs_error_corrected"]
-    print(f"{args.out}: {s['steps']} steps; median |error| after warm-up: raw {er:.1%}, corrected {ec:.1%}")
+    skipped = (f"; {s['skipped_lines']} torn or garbled line(s) skipped (first: {s['first_skipped']})"
+               if s["skipped_lines"] else "")
+    print(f"{args.out}: {s['steps']} steps; median |error| after warm-up: raw {er:.1%}, corrected {ec:.1%}"
+          f"{skipped}")
     return 0

@@ -1,0 +1,74 @@
+"""Check the plugin's effective configuration (M2LIVE_CONFIG file + M2LIVE_* environment) and print it.
+
+    m2live config check [--json]
+
+Prints every option with its value and where the values came from (secrets masked); exit 2 with one line on
+stderr when the configuration would not start the plugin as written: a bad value, an unknown GPU or model name,
+a missing TLS file, or an ``M2LIVE_*`` variable no option reads (named with the closest known one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.parse
+
+from ..config import M2liveConfig, mask_url
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("check",), help="check: validate and print the effective configuration")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def problems(cfg: M2liveConfig) -> list[str]:
+    """What would stop (or silently change) the plugin beyond the per-field bounds ``validate`` checks."""
+    out = list(cfg.warnings)
+    if cfg.gpu and cfg.gpu.strip().lower() not in ("cpu", "cpu-device"):
+        from ..hardware import UnknownGpuError, get_gpu
+
+        try:
+            get_gpu(cfg.gpu)
+        except UnknownGpuError as e:
+            out.append(f"M2LIVE_GPU: {str(e).splitlines()[0]}")
+    if cfg.model:
+        from ..shapes import ModelShapeError, get_model
+
+        try:
+            get_model(cfg.model)
+        except (ModelShapeError, OSError, ValueError) as e:
+            out.append(f"M2LIVE_MODEL: {str(e).splitlines()[0]}")
+    if cfg.mqtt_url:
+        u = urllib.parse.urlsplit(cfg.mqtt_url)
+        try:
+            u.port  # noqa: B018 - raises on a bad port
+            ok = bool(u.hostname)
+        except ValueError:
+            ok = False
+        if not ok:
+            out.append(f"M2LIVE_MQTT_URL {mask_url(cfg.mqtt_url)!r}: expected mqtt://HOST[:PORT]")
+    for env, path in (("M2LIVE_MQTT_TLS_CA", cfg.mqtt_tls_ca), ("M2LIVE_MQTT_TLS_CERT", cfg.mqtt_tls_cert),
+                      ("M2LIVE_MQTT_TLS_KEY", cfg.mqtt_tls_key)):
+        if path and not os.path.isfile(path):
+            out.append(f"{env}: no such file {path}")
+    if cfg.mqtt_control_retained and not cfg.mqtt_control:
+        out.append("M2LIVE_MQTT_CONTROL_RETAINED has no effect without M2LIVE_MQTT_CONTROL=1")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = M2liveConfig.from_env()  # a bad value raises ConfigError: one line, exit 2 (m2live.cli)
+    issues = problems(cfg)
+    shown = cfg.describe()
+    if args.json:
+        print(json.dumps({"config": shown, "source": cfg.source, "problems": issues}, indent=2))
+    else:
+        print(f"m2live configuration from {', '.join(cfg.source) or 'defaults'}:")
+        width = max(len(k) for k in shown)
+        for k, v in shown.items():
+            print(f"  {k:<{width}}  {'unset' if v is None else v}")
+    for line in issues:
+        print(f"m2live config: error: {line}", file=sys.stderr)
+    return 2 if issues else 0
