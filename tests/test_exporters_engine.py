@@ -97,6 +97,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
     try:
         for k, v in {"M2LIVE_ENABLE": "1", "M2LIVE_PROM_PORT": str(prom_port), "M2LIVE_MQTT_URL": broker.url,
                      "M2LIVE_MQTT_INSTANCE": INSTANCE, "M2LIVE_SLO_MS": str(SLO_MS), "M2LIVE_TRACE": str(trace),
+                     "M2LIVE_MQTT_CONTROL": "1",  # remote control is off unless asked for
                      "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                      "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
             monkeypatch.setenv(k, v)
