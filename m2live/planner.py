@@ -115,10 +115,20 @@ class MemoryFit:
                 "fits": self.fits, "reason": self.reason}
 
 
-def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanConfig) -> MemoryFit:
+def weight_bytes(shard: ModelShape, precision: str = "bf16") -> float:
+    """Weights on one GPU; under fp8 (W8A8) the four projections hold 1 byte per weight, the embeddings, the
+    LM head and the norms stay bf16."""
+    w = float(shard.weight_bytes())
+    if precision == "fp8":
+        w -= shard.layers * sum(n * k for n, k in shard.gemms().values()) * (shard.dtype_bytes - 1)
+    return w
+
+
+def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanConfig,
+               precision: str = "bf16") -> MemoryFit:
     total = gpu.mem_bytes
     reserve = total * cfg.reserve_fraction + cfg.reserve_bytes
-    weights = float(shard.weight_bytes())
+    weights = weight_bytes(shard, precision)
     act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs)
     kv = total - reserve - weights - act
     per_tok = shard.kv_bytes_per_token()

@@ -1,0 +1,231 @@
+"""Simulate vLLM serving at a fixed concurrency: mean TTFT, TPOT and output tokens/s as vLLM's serving benchmark
+reports them.
+
+    m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
+                    [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N] [--kv-cache-gib G]
+                    [--calibration CAL.json] [--json]
+    m2live simulate --batch FILE.csv -o OUT.csv
+
+What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
+--ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
+``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix-cache hits; means over all requests.
+Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
+server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
+CPU: 2048 / 128); no long-prefill cap; KV blocks of 16 tokens, gpu_memory_utilization 0.9, a prompt admitted
+only when all its blocks fit, preemption by recompute (newest running request first); decode CUDA graphs up to
+min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU; forecast clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..hardware import get_gpu
+from ..predictor import Predictor
+from ..simulate import (
+    ServingConfig,
+    ServingResult,
+    SimulationError,
+    cuda_graph_capture_max,
+    make_predictor,
+    simulate,
+    vllm_batch_defaults,
+)
+
+BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
+BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs")
+BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
+_PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="preset name or path to config.json / model directory")
+    p.add_argument("--gpu", help="NVML name or alias (e.g. h100-sxm), or 'cpu' for the CPU device")
+    p.add_argument("--tp", default="1", help="tensor-parallel size (default 1)")
+    p.add_argument("--isl", help="input (prompt) tokens per request")
+    p.add_argument("--osl", help="output tokens per request (ignore-EOS: exactly this many)")
+    p.add_argument("--concurrency", help="requests in flight (the benchmark's --max-concurrency)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3, per-tensor scales)")
+    p.add_argument("--max-num-batched-tokens", help="vLLM token budget per step (default: vLLM's for the device)")
+    p.add_argument("--max-num-seqs", help="vLLM max running requests (default: vLLM's for the device)")
+    p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
+    p.add_argument("--kv-cache-gib", help="KV-cache size in GiB (default: what the GPU's memory leaves; on the "
+                                          "CPU device give VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
+    p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
+                   help="SM clock (default: forecast from the power cap)")
+    p.add_argument("--calibration", metavar="CAL.json", help="a GPU calibration from 'm2live calibrate fit'")
+    p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
+                                                       f"{', '.join(BATCH_COLUMNS)} (optional "
+                                                       f"{', '.join(BATCH_OPTIONAL)})")
+    p.add_argument("-o", "--output", metavar="OUT.csv", help="with --batch: where to write (default stdout)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _pos_int(text: object, what: str) -> int:
+    s = str(text).strip()
+    if not s.isdigit() or int(s) < 1:
+        raise SimulationError(f"{what} must be a positive integer, got {text!r}")
+    return int(s)
+
+
+def _opt_int(text: object, what: str) -> int | None:
+    if text is None or str(text).strip() == "":
+        return None
+    return _pos_int(text, what)
+
+
+def _gpu(name: str):
+    if str(name).strip().lower() in ("cpu", "cpu-device"):
+        from ..cpu_device import cpu_device
+
+        return cpu_device()
+    return get_gpu(str(name).strip())
+
+
+def _nonneg_float(text: object, what: str) -> float:
+    try:
+        v = float(str(text))
+    except ValueError:
+        raise SimulationError(f"{what} must be a number, got {text!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise SimulationError(f"{what} must be >= 0, got {text!r}")
+    return v
+
+
+def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
+            max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
+            kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
+            calibration: str | None = None) -> ServingResult:
+    if precision not in ("bf16", "fp8"):
+        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
+    gpu = _gpu(gpu_name)
+    kv_tokens = None
+    constants = None
+    if calibration:
+        from ..calibrate import load_for
+
+        constants = load_for(calibration, gpu)
+    d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
+    graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
+    key = (str(model), gpu.name, tp, precision, graphs, calibration)
+    pred = _PREDICTORS.get(key)
+    if pred is None:
+        if len(_PREDICTORS) > 64:
+            _PREDICTORS.clear()
+        pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, precision, graph_max_tokens=graphs,
+                                                 constants=constants)
+    if kv_gib is not None:
+        kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
+        if kv_tokens < 1:
+            raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
+    cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
+                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock,
+                        **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
+    return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch:
+        given = [f for f in ("model", "gpu", "isl", "osl", "concurrency") if getattr(args, f)]
+        if given:
+            raise SimulationError(f"--batch takes its configurations from the CSV; drop --{given[0]}")
+        return run_batch(args)
+    if args.output:
+        raise SimulationError("-o/--output goes with --batch")
+    for f in ("model", "gpu", "isl", "osl", "concurrency"):
+        if not getattr(args, f):
+            raise SimulationError(f"--{f} is required (or --batch FILE.csv)")
+    r = run_one(args.model, args.gpu, _pos_int(args.tp, "--tp"), _pos_int(args.isl, "--isl"),
+                _pos_int(args.osl, "--osl"), _pos_int(args.concurrency, "--concurrency"), args.precision,
+                _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
+                _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
+                None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
+                None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
+                args.clock, args.calibration)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2))
+        return 0
+    print_result(r)
+    return 0
+
+
+def print_result(r: ServingResult) -> None:
+    c = Console(width=140)
+    a, s, m = r.assumptions, r.steps, r.memory
+    c.print(f"[bold]{a['gpu']}[/bold] x{a['tp']} {a['precision']} — concurrency {a['concurrency']}, "
+            f"{a['num_prompts']} requests")
+    t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
+    for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "duration s"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{r.ttft_ms:,.1f}", f"{r.tpot_ms:,.2f}", f"{r.mean_e2el_ms:,.0f}", f"{r.output_tokens_per_s:,.0f}",
+              f"{r.duration_s:,.1f}")
+    c.print(t)
+    c.print(f"steps {s['steps']:,} ({s['prefill_steps']:,} with prefill, {s['prefill_step_time_share']:.0%} of the "
+            f"time); {s['mean_tokens_per_step']:.1f} tokens and {s['mean_decodes_per_step']:.1f} decodes per step; "
+            f"mean step {s['mean_step_ms']:.2f} ms; at most {s['max_running']} running; "
+            f"{s['preemptions']} preemptions")
+    for kind, b in s.get("bounds", {}).items():
+        c.print(f"  largest {kind} step ({b.get('prefill_tokens', 0)} prefill + {b['decodes']} decodes): "
+                f"{b['bound']}-bound ({', '.join(f'{k} {v:.0%}' for k, v in b['shares'].items() if v >= 0.01)})")
+    c.print(f"memory per GPU: weights {m['weights_gb']:.1f} GB, activations {m['activations_gb']:.1f} GB, KV cache "
+            f"{a['kv_cache_tokens']:,} tokens" + (f" — {m['note']}" if m.get("note") else ""))
+    c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
+            f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
+            f"{'on' if a['async_scheduling'] else 'off'}, clock {a['clock']}, frontend "
+            f"{a['frontend_ms_each_way']:g} ms each way")
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    path = Path(args.batch)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in BATCH_COLUMNS if c not in header]
+        if missing:
+            raise SimulationError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(BATCH_COLUMNS)})")
+        rows = [{(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in row.items()}
+                for row in reader]
+    out_rows = []
+    t0 = time.perf_counter()
+    for n, row in enumerate(rows, start=2):
+        where = f"{path}:{n}"
+        try:
+            r = run_one(row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
+                        _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"),
+                        (row.get("precision") or "bf16").lower(),
+                        _opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
+                        _opt_int(row.get("max_num_seqs"), "max_num_seqs"), clock=args.clock,
+                        calibration=args.calibration)
+        except (ValueError, KeyError, OSError) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise SimulationError(f"{where}: {msg}") from None
+        out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
+        out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
+                    "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
+        out_rows.append(out)
+    fields = [k for k in header if k not in BATCH_OUT] + list(BATCH_OUT)
+    if args.output:
+        with open(args.output, "w", newline="") as f:
+            _write(f, fields, out_rows)
+        print(f"{len(out_rows)} configurations simulated in {time.perf_counter() - t0:.1f} s -> {args.output}",
+              file=sys.stderr)
+    else:
+        _write(sys.stdout, fields, out_rows)
+    return 0
+
+
+def _write(f, fields: list[str], rows: list[dict]) -> None:
+    w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
