@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .limits import CONTEXT_TOKENS, NEW_TOKENS, STEP_SEQS
+
+_MAX_NEW, _MAX_CTX = int(NEW_TOKENS.hi), int(CONTEXT_TOKENS.hi)
+
 
 class StepError(ValueError):
     """A step description that cannot be a real engine step (negative, zero or non-integer counts)."""
 
 
-def _count(value: object, what: str, minimum: int) -> int:
+def _count(value: object, what: str, minimum: int, maximum: int = _MAX_CTX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -22,6 +26,9 @@ def _count(value: object, what: str, minimum: int) -> int:
             raise StepError(f"{what} must be an integer, got {value!r}")
     if value < minimum:
         raise StepError(f"{what} must be >= {minimum}, got {value}")
+    if value > maximum:
+        shown = value if value < 1e15 else f"{float(value):.3g}"
+        raise StepError(f"{what} must be <= {maximum} (m2live.limits), got {shown}")
     return value
 
 
@@ -44,8 +51,10 @@ class Step:
                 new, ctx = item
             except (TypeError, ValueError):
                 raise StepError(f"sequence {i}: expected (new_tokens, context), got {item!r}") from None
-            if type(new) is not int or type(ctx) is not int or new < 1 or ctx < 0:  # slow path: say why
-                new, ctx = _count(new, f"sequence {i} new tokens", 1), _count(ctx, f"sequence {i} context", 0)
+            if (type(new) is not int or type(ctx) is not int or new < 1 or ctx < 0 or new > _MAX_NEW
+                    or ctx > _MAX_CTX):  # slow path: say why
+                new = _count(new, f"sequence {i} new tokens", 1, _MAX_NEW)
+                ctx = _count(ctx, f"sequence {i} context", 0)
             clean.append((new, ctx))
         object.__setattr__(self, "seqs", tuple(clean))
         if prefill is not None:
@@ -95,9 +104,9 @@ class Step:
         cls, prefill_tokens: int, prefill_kv_tokens: int, decode_reqs: int, decode_kv_tokens: int
     ) -> Step:
         """From the aggregate per-step fields upstream vLLM work uses (one prefill chunk, even decodes)."""
-        prefill_tokens = _count(prefill_tokens, "prefill tokens", 0)
+        prefill_tokens = _count(prefill_tokens, "prefill tokens", 0, _MAX_NEW)
         prefill_kv_tokens = _count(prefill_kv_tokens, "prefill KV tokens", 0)
-        decode_reqs = _count(decode_reqs, "decode requests", 0)
+        decode_reqs = _count(decode_reqs, "decode requests", 0, int(STEP_SEQS.hi))
         decode_kv_tokens = _count(decode_kv_tokens, "decode KV tokens", 0)
         prefills = [(prefill_tokens, prefill_kv_tokens)] if prefill_tokens else []
         decodes = []

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .limits import RATE_RPS
+
 MAX_LEN = 1_048_576
 STATS_SAMPLES = 8192  # requests drawn to summarise a distribution (fixed seed: deterministic)
 TRACE_REPLAY_STEPS = 512  # recorded steps kept for replay (evenly spaced)
@@ -253,6 +255,7 @@ def parse_workload(text: str) -> Workload:
         rate = _num(kv["rate"], "rate")
         if rate <= 0:
             raise WorkloadError(f"rate must be positive requests/s, got {kv['rate']!r}")
+        rate = float(RATE_RPS.check(rate, "rate", WorkloadError))
     if base is None:
         return Workload("custom", Dist.parse(kv["prompt"], "prompt"), Dist.parse(kv["output"], "output"),
                         rate=rate, source="spec", spec=t)

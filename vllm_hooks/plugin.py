@@ -9,7 +9,7 @@ its scheduler class (``EngineCore.__init__`` → ``load_general_plugins()`` → 
 * ``--scheduler-cls pkg.module:attr`` (colon form) resolves like ``pkg.module.attr``.
 
 A scheduler the user chose explicitly is never replaced. ``register`` never raises: any failure is one warning
-line and vLLM runs unchanged.
+line and vLLM runs unchanged; a configuration file that cannot be used is one ERROR line with the reason.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def enabled(environ=None) -> bool:
             from m2live.config import M2liveConfig
 
             return M2liveConfig.from_env(env).enable
-        except Exception:  # noqa: BLE001 - a bad file is reported when the monitor starts
+        except Exception as e:  # noqa: BLE001 - never raise into vLLM; but never switch off silently either
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            log.error("m2live is off for this engine: its configuration (M2LIVE_CONFIG=%s) is invalid: %s "
+                      "(check it with `m2live config check`)", path, msg)
             return False
     return False
 

