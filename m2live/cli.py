@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("m2live.commands.probe", "measure clock droop and step times on this GPU; score the predictions"),
     "report": ("m2live.commands.report", "render a plugin step trace (JSONL) as a PNG report"),
     "rank": ("m2live.commands.rank", "rank GPU SKUs and TP layouts for a model and workload (capacity planning)"),
+    "calibrate": ("m2live.commands.calibrate", "plan the shapes to measure on a GPU, fit its own constants on them"),
     "simulate": ("m2live.commands.simulate", "simulate vLLM serving at a fixed concurrency: TTFT, TPOT, tokens/s"),
     "config": ("m2live.commands.config", "check the plugin's effective configuration (file + M2LIVE_* environment)"),
 }

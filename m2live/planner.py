@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .efficiency import ArchConstants
 from .hardware import GpuSpec, get_gpu
 from .predictor import Prediction, Predictor
 from .shapes import ModelShape, ModelShapeError, get_model
@@ -62,6 +63,7 @@ class PlanConfig:
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
     rank_by: str = "auto"  # auto | gpu | dollar | layout
+    constants: dict[str, ArchConstants] = field(default_factory=dict)  # GPU name -> its calibration's constants
 
     def __post_init__(self) -> None:
         if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):
@@ -182,7 +184,7 @@ class LayoutModel:
 
     def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
         self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
-        self.pred = Predictor(gpu, model, tp=tp)
+        self.pred = Predictor(gpu, model, tp=tp, constants=cfg.constants.get(gpu.name))
         self.shard = self.pred.model
         self.mem = memory_fit(gpu, self.shard, stats, cfg)
         self.ratio = stats.prefill_per_decode

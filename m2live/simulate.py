@@ -50,7 +50,8 @@ from .shapes import ModelShape, get_model
 from .step import Step
 
 GIB = 1024**3
-BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA and CPU
+BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
+CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
 FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, tokenisation, streaming) per request
 SEGMENT_SAMPLES = 9  # predictions along a run of pure-decode steps (interpolated in between)
@@ -93,7 +94,7 @@ class ServingConfig:
     num_prompts: int | None = None  # None: DEFAULT_PROMPTS_PER_CONCURRENCY x concurrency
     max_num_batched_tokens: int | None = None  # None: vLLM's API-server default for the device
     max_num_seqs: int | None = None  # None: vLLM's API-server default for the device
-    block_size: int = BLOCK_SIZE
+    block_size: int | None = None  # None: 16 on GPUs, 128 on the CPU backend
     long_prefill_token_threshold: int = 0  # vLLM default: no cap on one request's chunk
     gpu_memory_utilization: float = 0.9  # vLLM default
     reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, graphs (as the planner)
@@ -106,7 +107,7 @@ class ServingConfig:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
                      "kv_tokens"):
             v = getattr(self, name)
-            if v is None and name not in ("concurrency", "block_size"):
+            if v is None and name != "concurrency":
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SimulationError(f"{name} must be a positive integer, got {v!r}")
@@ -522,16 +523,17 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     longest = int((prompts + outputs).max())
     mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
     kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
-    blocks = kv_tokens // cfg.block_size
-    if blocks < -(-int(prompts.max()) // cfg.block_size) + 1:
+    bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
+    blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
+    if blocks < -(-int(prompts.max()) // bs):
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold even one prompt "
                               f"({int(prompts.max())} tokens): vLLM refuses to start")
     timer = StepTimer(pred, cfg.clock, async_sched)
-    eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, cfg.block_size,
+    eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s)
     eng.run()
     return _result(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
-                   kv_tokens, keep_requests)
+                   kv_tokens, bs, keep_requests)
 
 
 def _lengths(x: int | Sequence[int], n: int, what: str) -> np.ndarray:
@@ -543,7 +545,7 @@ def _lengths(x: int | Sequence[int], n: int, what: str) -> np.ndarray:
 
 def _result(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp: int, precision: str,
             max_tokens: int, max_seqs: int, graphs: int, async_sched: bool, mem: dict, kv_tokens: int,
-            keep: bool) -> ServingResult:
+            bs: int, keep: bool) -> ServingResult:
     d = cfg.frontend_s
     ttft = eng.t_first + d - eng.t_send
     e2el = eng.t_fin + d - eng.t_send
@@ -572,7 +574,7 @@ def _result(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp
             "gpu": spec.name, "tp": tp, "precision": precision, "concurrency": cfg.concurrency,
             "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,
             "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
-            "block_size": cfg.block_size, "kv_cache_tokens": kv_tokens,
+            "block_size": bs, "kv_cache_tokens": kv_tokens,
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched, "prefix_caching_hits": False, "preemption": "recompute",
             "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,

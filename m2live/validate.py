@@ -14,10 +14,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .efficiency import ArchConstants
 from .hardware import get_gpu
 from .predictor import OpModel
+
+if TYPE_CHECKING:
+    from .calibrate import Calibration
 
 GEMM_COLS = ("m", "n", "k")
 ATTN_COLS = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step")
@@ -94,9 +98,10 @@ class RowPredictor:
     """Predicts table rows; one OpModel per GPU name."""
 
     def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True,
-                 constants: dict[str, ArchConstants] | None = None):
+                 constants: dict[str, ArchConstants] | None = None, calibration: Calibration | None = None):
         self.gpu_override = gpu
-        self.constants = constants or {}  # arch -> constants override (leave-one-GPU-out checks)
+        self.calibration = calibration  # one GPU's own constants (m2live calibrate); refuses rows of other GPUs
+        self.constants = constants or {}  # kernel family -> constants override (leave-one-GPU-out checks)
         self.clock = clock
         self.l2_warm = l2_warm
         self._models: dict[str, OpModel] = {}
@@ -107,7 +112,11 @@ class RowPredictor:
         m = self._models.get(name)
         if m is None:
             gpu = get_gpu(name)
-            m = self._models[name] = OpModel(gpu, constants=self.constants.get(gpu.arch))
+            c = self.constants.get(gpu.kernel_family)
+            if self.calibration is not None:
+                self.calibration.check_gpu(gpu)
+                c = self.calibration.arch_constants()
+            m = self._models[name] = OpModel(gpu, constants=c)
         return m
 
     def _f_clk(self, om: OpModel) -> float:
@@ -181,9 +190,9 @@ def find_tables(directory: str | os.PathLike) -> list[Path]:
 
 
 def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "boost",
-                    l2_warm: bool = True) -> list[dict]:
+                    l2_warm: bool = True, calibration: Calibration | None = None) -> list[dict]:
     """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error."""
-    rp = RowPredictor(gpu, clock=clock, l2_warm=l2_warm)
+    rp = RowPredictor(gpu, clock=clock, l2_warm=l2_warm, calibration=calibration)
     results: list[dict] = []
     for path in find_tables(directory):
         table = read_table(path)

@@ -6,8 +6,12 @@ import argparse
 import csv
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..validate import RowPredictor, read_table
+
+if TYPE_CHECKING:
+    from ..calibrate import Calibration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +22,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'boost' (default: opbench rows are short bursts), 'forecast', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true",
                    help="weights always come from DRAM (serving); default models L2 re-reads of a benchmark loop")
+    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
+                                                          "refused for rows of another GPU")
+
+
+def load_calibration(path: str | None) -> Calibration | None:
+    """The calibration named by --calibration (None without the flag); a bad file is one line, exit 2."""
+    if not path:
+        return None
+    from ..calibrate import load
+
+    return load(path)
 
 
 def parse_clock(value: str) -> str | float:
@@ -36,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     table = read_table(args.file)
     if not table.rows:
         raise ValueError(f"{args.file}: no rows to predict (the table has a header only)")
-    rp = RowPredictor(args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold)
+    rp = RowPredictor(args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,
+                      calibration=load_calibration(args.calibration))
     pred = rp.predict_table(table)  # everything computed before anything is written: no half-written output
     header = [c for c in table.header if c != "predicted_ms"] + ["predicted_ms"]
     where = args.output or "stdout"

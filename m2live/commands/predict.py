@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import limits
+from ..calibrate import load_for
 from ..predictor import Predictor
 from ..step import Step
 
@@ -41,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     clk.add_argument("--clock-mhz", help=f"live SM clock in MHz ({limits.CLOCK_MHZ.describe()})")
     clk.add_argument("--clock", choices=("forecast", "boost"), default="forecast",
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
+    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
+                                                          "refused for another GPU")
     p.add_argument("--json", action="store_true")
 
 
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
-    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp)
+    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu))
     if clock_mhz is not None:
         r = p.predict(step, clock_mhz=clock_mhz)
     else:

@@ -50,7 +50,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="write a picture: throughput vs SLO and ranked bars")
     p.add_argument("--validate", nargs="+", metavar="DIR",
                    help="instead of ranking: decision quality on measured opbench folders")
+    p.add_argument("--calibration", metavar="CAL.json", help="one GPU's own constants (m2live calibrate fit); "
+                                                          "that GPU must be among --gpus")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
+    """GPU name -> constants of the calibration at ``path``; refused when its GPU is not among those ranked."""
+    if not path:
+        return {}
+    from ..calibrate import load
+
+    cal = load(path)
+    ranked = {get_gpu(g).name for g in gpus}
+    if cal.gpu not in ranked:
+        raise PlanError(f"calibration {path} is for {cal.gpu}, which is not among the GPUs ranked "
+                        f"({', '.join(sorted(ranked))}): add it to --gpus or drop --calibration")
+    return {cal.gpu: cal.arch_constants()}
 
 
 def _pos_int(text: str, flag: str) -> int:
@@ -110,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     tps = parse_tp_list(args.tp)
     cfg = PlanConfig(slo_s=parse_slo(args.slo_ms), max_num_seqs=_pos_int(args.max_seqs, "--max-seqs"),
                      max_batched_tokens=_pos_int(args.max_batched_tokens, "--max-batched-tokens"),
-                     clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by)
+                     clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
+                     constants=calibrated_constants(args.calibration, gpus))
     top = _nonneg_int(args.top, "--top")
     if args.plot and not str(args.plot).lower().endswith(".png"):
         raise PlanError(f"--plot {args.plot!r}: give a .png file name")

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..validate import score_directory
-from .ops import parse_clock
+from .ops import load_calibration, parse_clock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,11 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
     p.add_argument("--clock", default="boost", help="'boost' (default), 'forecast', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
+    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
+                                                          "refused for tables of another GPU")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace) -> int:
-    results = score_directory(args.directory, gpu=args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold)
+    results = score_directory(args.directory, gpu=args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,
+                               calibration=load_calibration(args.calibration))
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -1,0 +1,266 @@
+"""The serving simulator: its scheduler step for step against vLLM's own ``Scheduler`` on small cases, and what
+the simulated benchmark must show (TPOT grows with concurrency and context, fp8 decode never slower, a small KV
+cache costs TTFT instead of failing, bad input exits 2)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from m2live.cli import main
+from m2live.hardware import get_gpu
+from m2live.simulate import Engine, ServingConfig, SimulationError, simulate, vllm_batch_defaults
+
+L8 = "meta-llama/Llama-3.1-8B"
+L70 = "meta-llama/Llama-3.1-70B"
+TINY = os.path.join(os.path.dirname(__file__), "..", "m2live", "data", "models", "tiny-llama")
+
+
+# ---- a real vLLM Scheduler, driven without a model: every scheduled request whose prompt is done samples one
+# token, finished requests are replaced at once (the closed loop), exactly what Engine does ----------------
+class VllmLoop:
+    def __init__(self, prompts: list[int], outputs: list[int], concurrency: int, budget: int, max_seqs: int,
+                 blocks: int, block_size: int = 16):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        mc = ModelConfig(model=TINY, skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16")
+        sc = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=4096,
+                             is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=False)
+        cc = CacheConfig(block_size=block_size, enable_prefix_caching=False)
+        cc.num_gpu_blocks = blocks + 1  # + vLLM's null block
+        vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+        kv = KVCacheConfig(num_blocks=blocks + 1, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        self.s = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
+                           block_size=block_size, log_stats=False)
+        self.prompts, self.outputs = prompts, outputs
+        self.sent = 0
+        for _ in range(min(concurrency, len(prompts))):
+            self._send()
+
+    def _send(self) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        i = self.sent
+        self.sent += 1
+        self.s.add_request(Request(str(i), [1 + (i * 7 + j) % 4000 for j in range(self.prompts[i])],
+                                   SamplingParams(max_tokens=self.outputs[i], ignore_eos=True), None))
+
+    def run(self, max_steps: int = 10_000) -> list[tuple[dict[int, int], set[int]]]:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        steps = []
+        calls = 0
+        while self.s.has_requests() and calls < max_steps:
+            calls += 1
+            out = self.s.schedule()
+            ids = list(out.num_scheduled_tokens)
+            if not ids:  # the step that only reports the last finished requests
+                self.s.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+                continue
+            reqs = self.s.requests
+            sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else [] for r in ids]
+            steps.append(({int(r): n for r, n in out.num_scheduled_tokens.items()},
+                          {int(r) for r in out.preempted_req_ids}))
+            before = len(reqs)
+            self.s.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled))
+            for _ in range(before - len(self.s.requests)):  # finished requests leave; the client sends the next
+                if self.sent < len(self.prompts):
+                    self._send()
+        return steps
+
+
+def engine_steps(prompts: list[int], outputs: list[int], concurrency: int, budget: int, max_seqs: int,
+                 blocks: int, block_size: int = 16) -> tuple[list[tuple[dict[int, int], set[int]]], Engine]:
+    eng = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), concurrency, budget, max_seqs,
+                 blocks, block_size)
+    eng.trace = []
+    eng.run()
+    return [({i: k for i, k in rec["sched"]}, set()) for rec in eng.trace], eng
+
+
+CASES = {
+    # name: prompts, outputs, concurrency, token budget, max_num_seqs, KV blocks
+    "chunking_and_budget": ([40, 40, 40], [5, 5, 5], 3, 64, 8, 100),
+    "long_prompt_chunked_over_steps": ([300, 20], [4, 6], 2, 64, 8, 100),
+    "max_num_seqs_caps_running": ([20] * 6, [6] * 6, 6, 512, 2, 100),
+    "fcfs_closed_loop": ([50, 10, 90, 30, 70, 15, 40], [8, 3, 5, 9, 2, 6, 4], 3, 48, 8, 100),
+    "kv_full_prompt_must_fit": ([100, 100, 100], [4, 4, 4], 3, 512, 8, 14),
+    "preemption_when_decodes_outgrow_cache": ([40, 40, 40], [60, 60, 60], 3, 256, 8, 14),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_available():
+    pytest.importorskip("vllm")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scheduler_matches_vllm_step_for_step(vllm_available, name):
+    prompts, outputs, c, budget, seqs, blocks = CASES[name]
+    want = VllmLoop(prompts, outputs, c, budget, seqs, blocks).run()
+    got, eng = engine_steps(prompts, outputs, c, budget, seqs, blocks)
+    assert [g for g, _ in got] == [w for w, _ in want], name
+    if name.startswith("preemption"):
+        assert eng.st.preemptions > 0 and any(p for _, p in want)
+        assert eng.st.preemptions == sum(len(p) for _, p in want)
+    else:
+        assert eng.st.preemptions == 0
+
+
+def test_scheduler_matches_vllm_on_random_cases(vllm_available):
+    rng = random.Random(17)
+    for _ in range(12):
+        n = rng.randint(3, 9)
+        prompts = [rng.randint(1, 200) for _ in range(n)]
+        outputs = [rng.randint(1, 40) for _ in range(n)]
+        c, budget, seqs = rng.randint(1, n), rng.choice([16, 32, 64, 256]), rng.randint(1, 6)
+        blocks = rng.randint(max(-(-p // 16) for p in prompts) + 1, 60)
+        want = VllmLoop(prompts, outputs, c, budget, seqs, blocks).run()
+        got, _ = engine_steps(prompts, outputs, c, budget, seqs, blocks)
+        assert [g for g, _ in got] == [w for w, _ in want], (prompts, outputs, c, budget, seqs, blocks)
+
+
+# ---- the engine's own rules, without vLLM ------------------------------------------------------------------
+def test_running_first_then_waiting_fcfs_chunked_to_the_budget():
+    got, _ = engine_steps([40, 40, 40], [5, 5, 5], 3, 64, 8, 100)
+    assert got[0][0] == {0: 40, 1: 24}  # the first prompt whole, the second chunked to the budget left
+    assert got[1][0] == {0: 1, 1: 16, 2: 40}  # running first (a decode, the partial prefill), then the next
+    assert all(sum(s.values()) <= 64 for s, _ in got)
+
+
+def test_max_num_seqs_caps_running_requests():
+    got, eng = engine_steps([20] * 6, [6] * 6, 6, 512, 2, 100)
+    assert max(len(s) for s, _ in got) == 2 and eng.st.max_running == 2
+
+
+def test_a_prompt_is_admitted_only_when_all_its_blocks_fit():
+    got, _ = engine_steps([100, 100, 100], [4, 4, 4], 3, 512, 8, 14)  # 7 blocks per prompt, 14 in the cache
+    assert got[0][0] == {0: 100, 1: 100}
+
+
+def test_fast_forward_gives_the_same_requests_times_as_step_by_step():
+    prompts, outputs = [300, 20, 77, 150, 40, 500] * 3, [40, 90, 17, 60, 33, 25] * 3
+    for blocks in (400, 60):
+        ref = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), 4, 128, 8, blocks)
+        ref.trace = []
+        ref.run()
+        ff = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), 4, 128, 8, blocks)
+        ff.run()
+        assert ff.st.steps == ref.st.steps and ff.st.preemptions == ref.st.preemptions
+        np.testing.assert_allclose(ff.t_first, ref.t_first)
+        np.testing.assert_allclose(ff.t_fin, ref.t_fin)
+
+
+# ---- the simulated benchmark --------------------------------------------------------------------------------
+def test_api_server_defaults_per_device():
+    assert vllm_batch_defaults(get_gpu("NVIDIA H100 80GB HBM3")) == (8192, 1024)
+    assert vllm_batch_defaults(get_gpu("NVIDIA H200")) == (8192, 1024)
+    assert vllm_batch_defaults(get_gpu("NVIDIA B200")) == (16384, 1024)
+    assert vllm_batch_defaults(get_gpu("NVIDIA A100-SXM4-80GB")) == (2048, 256)  # A100: no larger default
+    assert vllm_batch_defaults(get_gpu("NVIDIA L40S")) == (2048, 256)
+
+
+def test_tpot_grows_with_concurrency_and_with_context():
+    def tpot(c: int, isl: int) -> float:
+        return simulate(L8, "h100-sxm", 1, isl, 256, ServingConfig(concurrency=c, num_prompts=3 * c)).tpot_ms
+
+    by_c = [tpot(c, 1024) for c in (1, 4, 16, 64)]
+    assert by_c == sorted(by_c) and by_c[-1] > 1.5 * by_c[0]
+    by_ctx = [tpot(16, isl) for isl in (256, 2048, 8192)]
+    assert by_ctx == sorted(by_ctx) and by_ctx[-1] > by_ctx[0]
+
+
+def test_fp8_never_slower_than_bf16_on_memory_bound_decode():
+    for gpu, model, tp in (("h100-sxm", L8, 1), ("NVIDIA H200", L70, 4), ("NVIDIA B200", L8, 1)):
+        for c in (1, 8, 32):
+            cfg = ServingConfig(concurrency=c, num_prompts=2 * c)
+            b = simulate(model, gpu, tp, 128, 512, cfg, precision="bf16")
+            f = simulate(model, gpu, tp, 128, 512, cfg, precision="fp8")
+            assert b.steps["bounds"]["decode"]["bound"] == "memory"
+            assert f.tpot_ms <= b.tpot_ms, (gpu, c)
+            assert f.memory["weights_gb"] < 0.6 * b.memory["weights_gb"]
+    fp8 = simulate(L70, "NVIDIA H200", 1, 1024, 128, ServingConfig(concurrency=8, num_prompts=8), precision="fp8")
+    assert fp8.memory["kv_tokens"] > 0  # 70B in fp8 fits one H200; in bf16 it does not
+    with pytest.raises(SimulationError, match="weights"):
+        simulate(L70, "NVIDIA H200", 1, 1024, 128, ServingConfig(concurrency=8, num_prompts=8))
+
+
+def test_small_kv_cache_costs_ttft_not_an_error():
+    big = simulate(L8, "h100-sxm", 1, 2048, 512, ServingConfig(concurrency=32, num_prompts=64))
+    small = simulate(L8, "h100-sxm", 1, 2048, 512, ServingConfig(concurrency=32, num_prompts=64,
+                                                                  kv_tokens=8 * 2560))
+    assert small.steps["kv_blocked_admissions"] > 0 and big.steps["kv_blocked_admissions"] == 0
+    assert small.ttft_ms > 2 * big.ttft_ms
+    assert small.steps["max_running"] < 32
+    assert small.output_tokens_per_s < big.output_tokens_per_s
+
+
+def test_cli_single_and_json(capsys):
+    import json
+
+    rc = main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "64", "--concurrency",
+               "8", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["ttft_ms"] > 0 and d["tpot_ms"] > 0 and d["output_tokens_per_s"] > 0
+    assert d["assumptions"]["max_num_batched_tokens"] == 8192 and d["assumptions"]["num_prompts"] == 80
+    assert d["steps"]["steps"] > 64 and 0 < d["steps"]["prefill_token_share"] < 1
+
+
+def test_batch_csv_roundtrip(tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,max_num_seqs\n"
+                   f"{L8},h100-sxm,1,1024,128,16,bf16,\n{L8},h100-sxm,1,1024,128,16,fp8,\n"
+                   f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n")
+    out = tmp_path / "out.csv"
+    assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 0
+    import csv
+
+    rows = list(csv.DictReader(open(out)))
+    assert [r["precision"] for r in rows] == ["bf16", "fp8", "bf16"]
+    assert all(float(r["ttft_ms"]) > 0 and float(r["tpot_ms"]) > 0 and float(r["output_tokens_per_s"]) > 0
+               for r in rows)
+    assert float(rows[1]["tpot_ms"]) <= float(rows[0]["tpot_ms"])
+
+
+@pytest.mark.parametrize("row, msg", [
+    (f"{L8},h100-sxm,1,1024,x,16,bf16", "in.csv:3: osl"),
+    (f"{L8},no-such-gpu,1,1024,128,16,bf16", "in.csv:3:"),
+    (f"{L8},h100-sxm,3,1024,128,16,bf16", "in.csv:3: TP=3"),
+    (f"{L8},h100-sxm,1,1024,128,16,int4", "in.csv:3: precision"),
+    (f"{L8},NVIDIA A100-SXM4-80GB,1,1024,128,16,fp8", "in.csv:3:"),
+    (f"{L70},h100-sxm,1,1024,128,16,bf16", "in.csv:3: does not fit"),
+])
+def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
+    src = tmp_path / "in.csv"
+    src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision\n{L8},h100-sxm,1,64,8,2,bf16\n{row}\n")
+    rc = main(["simulate", "--batch", str(src), "-o", str(tmp_path / "o.csv")])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--model", L70, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "128", "--concurrency", "8"], "does not fit"),
+    (["--model", L8, "--gpu", "h100-sxm", "--isl", "0", "--osl", "128", "--concurrency", "8"], "--isl"),
+    (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "128"], "--concurrency"),
+    (["--model", L8, "--gpu", "nope", "--isl", "10", "--osl", "128", "--concurrency", "8"], "nope"),
+    (["--batch", "/nonexistent.csv"], "nonexistent"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
+    rc = main(["simulate", *argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
+    assert out == ""
