@@ -1,0 +1,50 @@
+"""Write m2live/data/opbench_grid.json.gz: the standard opbench shape grid, shape columns only.
+
+The grid is the set of shapes measured in ../shared/data/opbench/h100_sxm (every opbench GPU is measured on the
+same grid, less the shapes a GPU could not run). ``m2live calibrate plan`` picks the shapes to measure from it, so
+the package needs the grid at run time but not the tables: only the shape columns are kept (deduplicated, sorted),
+no device, kernel or latency.
+
+    .venv/bin/python bench/make_grid.py [--src ../shared/data/opbench/h100_sxm] [--out m2live/data/opbench_grid.json.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from m2live.validate import ATTN_COLS, GEMM_COLS, read_table  # noqa: E402
+
+FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv"}
+
+
+def grid_from(folder: Path) -> dict:
+    out: dict = {"source": f"shape columns of opbench {folder.name} (bench/make_grid.py)"}
+    for kind, name in FILES.items():
+        t = read_table(folder / name)
+        cols = GEMM_COLS if kind == "gemm" else ATTN_COLS
+        shapes = sorted({tuple(int(float(r[c])) for c in cols) for r in t.rows})
+        out[kind] = {"columns": list(cols), "rows": [list(s) for s in shapes]}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--src", default=str(ROOT.parent / "shared" / "data" / "opbench" / "h100_sxm"))
+    ap.add_argument("--out", default=str(ROOT / "m2live" / "data" / "opbench_grid.json.gz"))
+    args = ap.parse_args()
+    grid = grid_from(Path(args.src))
+    # mtime=0: the same grid always gives the same bytes
+    with gzip.GzipFile(args.out, "wb", mtime=0) as f:
+        f.write(json.dumps(grid, separators=(",", ":")).encode())
+    print(f"wrote {args.out}: " + ", ".join(f"{k} {len(grid[k]['rows'])} shapes" for k in FILES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
