@@ -36,16 +36,20 @@ from m2live.validate import in_core_region, measured, read_table  # noqa: E402
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper")}
 GROUPS = FITTED_GROUPS
-BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
+BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem", "eta_q"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
-GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)}}
+GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)},
+        # vLLM's CUTLASS fp8 scaled-mm: 65536 = never splits K (its sm90/sm100 configs have no split-K)
+        "fp8_gemm": {"k_split": (512, 1024, 1792, 4096, 65536)}}
 
 
-def load(folder: str, max_rows: int, seed: int = 0) -> dict[str, list]:
+def load(folder: str, max_rows: int, seed: int = 0, root: Path = OPBENCH,
+         names: tuple[str, ...] = ("gemm_bf16.csv", "prefill_attention_bf16.csv", "decode_attention_bf16.csv"),
+         ) -> dict[str, list]:
     """Rows as tuples: gemm (m, n, k, ms); prefill (b, isl, h, kv, d, ms); decode (b, step, h, kv, d, ms)."""
     out: dict[str, list] = {"gemm": [], "prefill_attention": [], "decode_attention": []}
-    for name in ("gemm_bf16.csv", "prefill_attention_bf16.csv", "decode_attention_bf16.csv"):
-        t = read_table(OPBENCH / folder / name)
+    for name in names:
+        t = read_table(root / folder / name)
         for kind, row, ms in zip(t.kinds, t.rows, measured(t), strict=True):
             if not in_core_region(kind, row):
                 continue
@@ -79,8 +83,9 @@ def predict(om: OpModel, kind: str, r: tuple) -> float:
     return om.decode_attention(b * x, b, h, kv, d).t * 1e3
 
 
-def mape(gpu: str, c: ArchConstants, data: dict[str, list], kinds: tuple[str, ...]) -> dict[str, float]:
-    om = OpModel(get_gpu(gpu), constants=c)
+def mape(gpu: str, c: ArchConstants, data: dict[str, list], kinds: tuple[str, ...],
+         dtype: str = "bf16") -> dict[str, float]:
+    om = OpModel(get_gpu(gpu), dtype=dtype, constants=c)
     res = {}
     for kind in kinds:
         rows = data[kind]
@@ -90,20 +95,21 @@ def mape(gpu: str, c: ArchConstants, data: dict[str, list], kinds: tuple[str, ..
 
 
 def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], maxiter: int,
-              rounds: int = 2) -> ArchConstants:
+              rounds: int = 2, dtype: str = "bf16") -> ArchConstants:
     """Coordinate descent: the grid constants on a grid, then a simplex search over the rest; ``rounds`` times."""
-    kinds = ("gemm",) if group == "gemm" else ("prefill_attention", "decode_attention")
+    kinds = ("prefill_attention", "decode_attention") if group == "attention" else ("gemm",)
     grid = GRID.get(group, {})
     for _ in range(rounds if grid else 1):
         for name, values in grid.items():
-            scores = {v: sum(mape(gpu, replace(base, **{name: float(v)}), data, kinds).values()) for v in values}
+            scores = {v: sum(mape(gpu, replace(base, **{name: float(v)}), data, kinds, dtype).values())
+                      for v in values}
             base = replace(base, **{name: float(min(scores, key=scores.__getitem__))})
-        base = _simplex(gpu, base, group, kinds, data, maxiter)
+        base = _simplex(gpu, base, group, kinds, data, maxiter, dtype)
     return base
 
 
 def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], data: dict[str, list],
-             maxiter: int) -> ArchConstants:
+             maxiter: int, dtype: str = "bf16") -> ArchConstants:
     # a zero is a path this arch never takes; grid constants are chosen on their grid
     names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and n not in GRID.get(group, {}))
     x0 = np.array([math.log(getattr(base, n)) for n in names])
@@ -115,7 +121,7 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
         return replace(base, **vals)
 
     def loss(x: np.ndarray) -> float:
-        m = mape(gpu, consts(x), data, kinds)
+        m = mape(gpu, consts(x), data, kinds, dtype)
         return sum(m.values()) / len(m)
 
     r = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": maxiter, "xatol": 1e-3, "fatol": 1e-3})

@@ -56,6 +56,9 @@ class ArchConstants:
     tiles: tuple[tuple[int, int], ...] = (
         (64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128),
     )
+    # fp8 only (ARCH_FP8): vLLM's CUDA input quantisation (scaled_fp8_quant) runs one CTA per token row
+    q_row: float = 0.0  # SM-time one token row costs each quantisation kernel (s)
+    eta_q: float = 1.0  # DRAM streaming efficiency of those kernels
     fitted_on: str = ""
     borrowed_from: str | None = None
 
@@ -273,9 +276,18 @@ def forecast_clock_ratio(
 # vLLM keeps attention and the KV cache in bf16. ``results/fp8_constants.json`` holds the fit and its
 # leave-one-GPU-out check.
 # --------------------------------------------------------------------------------------------------
+# Reading: every opbench_fp8 row is vLLM's fp8 linear layer on a bf16 input, so it includes the input
+# quantisation — vLLM's CUDA scaled_fp8_quant with a dynamic per-tensor scale, two kernels of one CTA per token
+# row: ~0.4 us of SM time per row and kernel (q_row) on both GPUs, streaming at 0.63 (H100) / 0.30 (B300) of
+# peak DRAM bandwidth (eta_q; one CTA per row keeps few bytes in flight, and the B300's 8 TB/s needs 2.4x the
+# H100's). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
+# eta_tc 0.65 / 0.76 of the fp8 peak at the NVML max clock (cuBLAS bf16 on the H100: 0.82).
+# in-sample MAPE 9.4 % (H100) / 7.8 % (B300), leave-one-GPU-out 15.1 % / 11.0 % (results/fp8_constants.json).
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": {},
-    "blackwell": {},
+    "hopper": dict(eta_tc=0.6499, i_crit=37.21, k0=9.082, t_kernel=1.711e-06, eta_mem=0.9074, t_ramp=5.016e-08,
+                   overlap=2.402, k_split=4096, q_row=4.409e-07, eta_q=0.6303),
+    "blackwell": dict(eta_tc=0.763, i_crit=9.499, k0=441.9, t_kernel=1.886e-06, eta_mem=0.9927, t_ramp=6.121e-07,
+                      overlap=1.824, k_split=1792, q_row=3.83e-07, eta_q=0.3049),
 }
 ARCH_FP8: dict[str, ArchConstants] = {
     arch: replace(ARCH[arch], **fit, fitted_on=f"opbench_fp8 {folder}, bench/fit_fp8.py (GEMM group only)")
@@ -283,6 +295,18 @@ ARCH_FP8: dict[str, ArchConstants] = {
                               ("blackwell", FP8_GEMM_FIT["blackwell"], "b300_sxm (NVIDIA B300 SXM6 AC)"))
 }
 # Ada's fp8 MMAs run on its mma.sync pipeline (CUTLASS sm89 kernels): no fp8 table measured one, so it keeps
-# its bf16 constants (themselves borrowed from Ampere) with its own fp8 datasheet peak.
-ARCH_FP8["ada"] = replace(ARCH["ada"],
-                          borrowed_from="ada bf16 (ampere) constants: no fp8 table of an mma.sync GPU")
+# its bf16 constants (themselves borrowed from Ampere) with its own fp8 datasheet peak; GB202 (sm_120) likewise.
+for _fam in ("ada", "blackwell_rtx"):
+    if _fam in ARCH:
+        ARCH_FP8[_fam] = replace(ARCH[_fam], borrowed_from=f"{_fam} bf16 constants ({ARCH[_fam].borrowed_from}): "
+                                 "no fp8 table of an mma.sync GPU")
+# What bench/fit_fp8.py fits (fit_constants' machinery, group "fp8_gemm"): the GEMM group plus the two constants
+# of the input quantisation that every opbench_fp8 row includes (the collector times vLLM's fp8 linear layer on
+# a bf16 input). Kept out of FITTED: the bf16 leave-one-GPU-out check has nothing to do with them.
+FITTED_GROUPS["fp8_gemm"] = (*FITTED_GROUPS["gemm"], "q_row", "eta_q")
+
+
+def transfer_fp8(target: ArchConstants, source: ArchConstants) -> ArchConstants:
+    """``target``'s fp8 kernel facts with ``source``'s fitted fp8 GEMM numbers (leave-one-GPU-out)."""
+    return replace(target, **{n: getattr(source, n) for n in FITTED_GROUPS["fp8_gemm"]},
+                   fitted_on=source.fitted_on, borrowed_from=None)

@@ -137,7 +137,11 @@ class OpModel:
         self._gemm_cache[key] = out
         return out
 
-    def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
+    def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False,
+             quantize: bool = True) -> OpTime:
+        """One linear layer Y = X W^T. At fp8 this is vLLM's fp8 linear layer applied to a bf16 input, as the
+        opbench_fp8 collector times it: the input quantisation (``quantize_fp8``) and then the scaled-mm
+        (``quantize=False``: the scaled-mm alone)."""
         tc, tm, wave, active, duty, eta_mem, fixed = self._gemm_base(m, n, k)
         tc /= f_clk
         if l2_warm and self.l2_resident(self.elt * n * k, self.elt * m * k + self.out_elt * m * n):
@@ -145,7 +149,20 @@ class OpModel:
         factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
         p = self.c.overlap
         body = (tc**p + tm**p) ** (1.0 / p)
+        if self.dtype == "fp8" and quantize:
+            fixed += self.quantize_fp8(m, k)
         return OpTime(fixed + body, branch(tc, tm, fixed), tc, tm, factors)
+
+    def quantize_fp8(self, m: int, k: int) -> float:
+        """vLLM's CUDA input quantisation with a dynamic per-tensor scale (``scaled_fp8_quant`` without a scale):
+        a max-reduction kernel, then the quantising kernel, each a grid of one CTA per token row; they read the
+        bf16 input twice (2 + 2 B per element) and write e4m3 (1 B). Each kernel's body is the larger of
+        streaming those bytes and its rows' fixed SM-time (q_row per row over the SMs)."""
+        c = self.c
+        t_stream = 5.0 * m * k / (self.bw * c.eta_q)
+        t_rows = 2.0 * m * c.q_row / self.gpu.sms
+        p = c.overlap
+        return 2 * c.t_kernel + (t_stream**p + t_rows**p) ** (1.0 / p)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(

@@ -1,7 +1,8 @@
 """Per-operator tables (the opbench schema): read, predict every row, score against measured latencies.
 
 Kinds, inferred from the columns (never from ``latency_ms``, which is optional):
-- ``gemm``            columns m, n, k                       Y[m,n] = X[m,k] @ W[n,k]^T, bf16
+- ``gemm``            columns m, n, k                       Y[m,n] = X[m,k] @ W[n,k]^T, bf16 (``*_fp8.csv``: vLLM's
+                                                            fp8 linear layer, input quantisation included)
 - ``prefill_attention`` attention columns with step == 0     batch_size sequences of isl tokens, causal, empty cache
 - ``decode_attention``  attention columns with step >= 1     batch_size sequences of 1 token over step cached
 """
@@ -37,6 +38,12 @@ class Table:
     header: list[str]
     rows: list[dict[str, str]]
     kinds: list[str]  # per row
+    dtype: str = "bf16"  # GEMM precision: "fp8" for vLLM's W8A8 linear layers (a *_fp8.csv file or --dtype fp8)
+
+
+def table_dtype(path: str | os.PathLike) -> str:
+    """The precision a table's file name says: ``*_fp8.csv`` → fp8 (opbench_fp8), anything else bf16."""
+    return "fp8" if Path(path).stem.lower().endswith("_fp8") else "bf16"
 
 
 def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: int) -> int:
@@ -63,7 +70,8 @@ def positive_float(raw: str, what: str, error: type[ValueError] = ValueError) ->
     return v
 
 
-def read_table(path: str | os.PathLike) -> Table:
+def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:
+    """``dtype`` None: from the file name (``table_dtype``)."""
     p = str(path)
     try:
         with open(p, newline="") as f:
@@ -91,32 +99,43 @@ def read_table(path: str | os.PathLike) -> Table:
             f"(missing {', '.join(missing_g)}); an attention table needs {', '.join(ATTN_COLS)} "
             f"(missing {', '.join(missing_a)})"
         )
-    return Table(p, header, rows, kinds)
+    dtype = dtype or table_dtype(p)
+    if dtype not in ("bf16", "fp8"):
+        raise TableError(f"{p}: unknown precision {dtype!r} (bf16 or fp8)")
+    if dtype == "fp8" and kinds and kinds[0] != "gemm":
+        raise TableError(f"{p}: an fp8 table holds GEMMs (m, n, k): vLLM keeps attention in bf16")
+    return Table(p, header, rows, kinds, dtype)
 
 
 class RowPredictor:
     """Predicts table rows; one OpModel per GPU name."""
 
     def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True,
-                 constants: dict[str, ArchConstants] | None = None, calibration: Calibration | None = None):
+                 constants: dict[str, ArchConstants] | None = None, calibration: Calibration | None = None,
+                 fp8_constants: dict[str, ArchConstants] | None = None):
         self.gpu_override = gpu
         self.calibration = calibration  # one GPU's own constants (m2live calibrate); refuses rows of other GPUs
         self.constants = constants or {}  # kernel family -> constants override (leave-one-GPU-out checks)
         self.clock = clock
         self.l2_warm = l2_warm
-        self._models: dict[str, OpModel] = {}
+        self._models: dict[tuple[str, str], OpModel] = {}
+        self.fp8_constants = fp8_constants or {}  # kernel family -> fp8 GEMM constants (leave-one-GPU-out)
         if gpu is not None:
             get_gpu(gpu)  # fail early on an unknown name
 
-    def model_for(self, name: str) -> OpModel:
-        m = self._models.get(name)
+    def model_for(self, name: str, dtype: str = "bf16") -> OpModel:
+        m = self._models.get((name, dtype))
         if m is None:
             gpu = get_gpu(name)
-            c = self.constants.get(gpu.kernel_family)
+            c = (self.fp8_constants if dtype == "fp8" else self.constants).get(gpu.kernel_family)
             if self.calibration is not None:
                 self.calibration.check_gpu(gpu)
-                c = self.calibration.arch_constants()
-            m = self._models[name] = OpModel(gpu, constants=c)
+                if dtype != "fp8":  # a calibration is fitted on bf16 tables; fp8 GEMMs keep ARCH_FP8
+                    c = self.calibration.arch_constants()
+            try:
+                m = self._models[(name, dtype)] = OpModel(gpu, dtype=dtype, constants=c)
+            except ValueError as e:  # fp8 on a GPU without fp8 tensor cores
+                raise TableError(str(e)) from None
         return m
 
     def _f_clk(self, om: OpModel) -> float:
@@ -124,12 +143,12 @@ class RowPredictor:
             return float(self.clock) / om.gpu.boost_mhz
         return 1.0
 
-    def predict_row(self, kind: str, row: dict[str, str], lineno: int, path: str) -> float:
-        """Predicted latency in milliseconds."""
+    def predict_row(self, kind: str, row: dict[str, str], lineno: int, path: str, dtype: str = "bf16") -> float:
+        """Predicted latency in milliseconds (``dtype`` fp8: vLLM's fp8 linear layer, input quantisation included)."""
         name = self.gpu_override or (row.get("device") or "").strip()
         if not name:
             raise TableError(f"{path}:{lineno}: no GPU: pass --gpu or give a 'device' column")
-        om = self.model_for(name)
+        om = self.model_for(name, dtype)
         f = self._f_clk(om)
         if kind == "gemm":
             m, n, k = (_int_cell(row, c, lineno, path, 1) for c in GEMM_COLS)
@@ -138,7 +157,8 @@ class RowPredictor:
                 from .efficiency import forecast_clock_ratio
 
                 act = 2.0 * m * n * k / (t.t * om.peak)
-                f2 = forecast_clock_ratio(om.gpu.tdp_w, om.peak, om.gpu.arch, act)
+                # an fp8 FLOP costs the energy of half a bf16 one: the bf16 peak's power at the fp8 activity
+                f2 = forecast_clock_ratio(om.gpu.tdp_w, om.attn_peak, om.gpu.arch, act)
                 t = om.gemm(m, n, k, f2, l2_warm=self.l2_warm)
             return t.t * 1e3
         b = _int_cell(row, "batch_size", lineno, path, 1)
@@ -154,7 +174,7 @@ class RowPredictor:
         return om.decode_attention(b * step, b, h, kv, d, f).t * 1e3
 
     def predict_table(self, table: Table) -> list[float]:
-        return [self.predict_row(kind, row, i, table.path)
+        return [self.predict_row(kind, row, i, table.path, table.dtype)
                 for i, (kind, row) in enumerate(zip(table.kinds, table.rows, strict=True), start=2)]
 
 
@@ -190,12 +210,14 @@ def find_tables(directory: str | os.PathLike) -> list[Path]:
 
 
 def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "boost",
-                    l2_warm: bool = True, calibration: Calibration | None = None) -> list[dict]:
-    """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error."""
+                    l2_warm: bool = True, calibration: Calibration | None = None,
+                    dtype: str | None = None) -> list[dict]:
+    """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error; ``dtype`` None: each
+    file's from its name (``*_fp8.csv`` → fp8)."""
     rp = RowPredictor(gpu, clock=clock, l2_warm=l2_warm, calibration=calibration)
     results: list[dict] = []
     for path in find_tables(directory):
-        table = read_table(path)
+        table = read_table(path, dtype)
         meas = measured(table)
         if meas is None:
             raise TableError(f"{path}: no latency_ms column to validate against")
@@ -210,7 +232,8 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
             ps, ms = zip(*pm, strict=True)
             apes = sorted(abs(p - m) / m * 100 for p, m in pm)
             results.append({
-                "file": str(path), "gpu": device, "kind": kind, "region": region, "rows": len(pm),
+                "file": str(path), "gpu": device, "kind": kind, "dtype": table.dtype, "region": region,
+                "rows": len(pm),
                 "mape": mape(ps, ms), "median_ape": apes[len(apes) // 2],
                 "bias": 100.0 * sum((p - m) / m for p, m in pm) / len(pm),
             })
