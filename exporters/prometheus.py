@@ -148,6 +148,7 @@ class PrometheusExporter:
         self._state: dict[Key, _EngineState] = {}
         self._last_key: Key | None = None
         self._clock_source: str | None = None
+        self._calibration: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._httpd = None
@@ -206,6 +207,12 @@ class PrometheusExporter:
         """Which clock source feeds f_clk (``clock_source_info{source}``), e.g. after a fallback."""
         with self._lock:
             self._clock_source = str(name)
+
+    def set_calibration(self, label: str) -> None:
+        """Which GPU calibration the predictions use (``calibration_info{calibration}``; ``none``: the
+        architecture's constants)."""
+        with self._lock:
+            self._calibration = str(label)
 
     def flush(self) -> None:
         """Fold every queued record into the metric state (the side thread and each scrape do this)."""
@@ -339,6 +346,11 @@ class PrometheusExporter:
             for key, st in states.items():
                 if st.clock_source:
                     fam.add_metric([*key, st.clock_source], 1.0)
+        yield fam
+        fam = GaugeMetricFamily(PREFIX + "calibration_info", "GPU calibration the predictions use (value 1; "
+                                "'none': the architecture's constants).", labels=[*labels, "calibration"])
+        if self._calibration is not None:
+            fam.add_metric([*default, self._calibration], 1.0)
         yield fam
         # cumulative counters read at scrape time; slo violations fall back to the records' own flags
         own = {"slo_violations_total": float(sum(st.violations for st in states.values())),

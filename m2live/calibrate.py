@@ -321,11 +321,25 @@ def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(pred - meas) / meas)) if len(meas) else float("nan")
 
 
+# Kinds whose constants overlap are fitted together (the attention floor is in prefill and decode rows alike);
+# GEMM constants are independent of attention's.
+FIT_GROUPS: tuple[tuple[str, ...], ...] = (("gemm",), ("prefill", "decode"))
+
+
 def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None = None) -> dict[str, float]:
-    """The calibrated constants' values for ``rows`` (measured), regularised toward ``prior``."""
+    """The calibrated constants' values for ``rows`` (measured), regularised toward ``prior``: every kind's MAPE
+    on its rows is at most the prior's."""
     prior = prior or constants_for(gpu)
-    kinds = [k for k in KINDS if any(r.kind == k for r in rows)]
-    names = _active((n for k in kinds for n in CALIBRATED[k]), prior)
+    out: dict[str, float] = {}
+    for group in FIT_GROUPS:
+        sub = [r for r in rows if r.kind in group]
+        if sub:
+            names = _active((n for k in group if any(r.kind == k for r in sub) for n in CALIBRATED[k]), prior)
+            out.update(_fit_group(gpu, sub, prior, names))
+    return out
+
+
+def _fit_group(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, names: list[str]) -> dict[str, float]:
     discrete = [n for n in names if n in DISCRETE]
     cont = [n for n in names if n not in DISCRETE]
     logm = np.log(np.array([r.ms for r in rows]))
@@ -337,24 +351,29 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
         for n in discrete:
             p0 = float(getattr(prior, n))
             sig = SIGMA.get(n, SIGMA_DEFAULT)
-
             scores = {}
             for v in sorted({*DISCRETE[n], p0}):
                 r, q = _loss_terms(par, x, gpu, rows, logm, replace(base, **{n: float(v)}))
                 scores[v] = _objective(r, q) + (math.log(v / p0) / sig) ** 2
             base = replace(base, **{n: float(min(scores, key=scores.__getitem__))})
-    fitted = {**par.values(x), **{n: float(getattr(base, n)) for n in discrete}}
-    # never worse than the prior on the rows fitted: the robust log loss can trade a little MAPE away, so take
-    # the point of least MAPE on the way from the prior to the fit (in x space; discrete constants switch half way)
+    # never worse than the prior on the rows fitted, kind by kind: the robust log loss can trade a little MAPE
+    # away, so take the point of least MAPE on the way from the prior to the fit that worsens no kind (x space;
+    # discrete constants switch half way; the prior itself always qualifies)
     meas = np.exp(logm)
-    x_fit = par.x0 if not cont else np.array([fitted[n] if n in LINEAR else math.log(fitted[n]) for n in cont])
-    best, best_mape = {n: float(getattr(prior, n)) for n in names}, _mape(predict_rows(gpu, prior, rows), meas)
+    kinds = np.array([r.kind for r in rows])
+
+    def mapes(c: ArchConstants) -> dict[str, float]:
+        p = predict_rows(gpu, c, rows)
+        return {k: _mape(p[kinds == k], meas[kinds == k]) for k in set(kinds)}
+
+    m0 = mapes(prior)
+    best, best_total = {n: float(getattr(prior, n)) for n in names}, sum(m0.values())
     for t in (1.0, 0.75, 0.5, 0.25):
-        cand = par.values(par.x0 + t * (x_fit - par.x0))
-        cand.update({n: fitted[n] if t >= 0.5 else float(getattr(prior, n)) for n in discrete})
-        m = _mape(predict_rows(gpu, replace(prior, **cand), rows), meas)
-        if m < best_mape:
-            best, best_mape = cand, m
+        cand = par.values(par.x0 + t * (x - par.x0))
+        cand.update({n: float(getattr(base, n)) if t >= 0.5 else float(getattr(prior, n)) for n in discrete})
+        m = mapes(replace(prior, **cand))
+        if all(m[k] <= m0[k] for k in m0) and sum(m.values()) < best_total:
+            best, best_total = cand, sum(m.values())
     return {n: best[n] for n in names}
 
 

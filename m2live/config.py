@@ -62,6 +62,9 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
                               "message found at connect (off: only messages published while connected count)"),
     "trace": ("M2LIVE_TRACE", "str", "unset (no trace)", "JSONL file with one record per step "
               "(data-parallel engine i > 0 writes `<stem>.dp<i><suffix>`)"),
+    "calibration": ("M2LIVE_CALIBRATION", "str", "unset (the architecture's constants)",
+                    "this GPU's calibration JSON (`m2live calibrate fit`): predictions, admission and exporters "
+                    "use its constants; refused, with a warning, for another GPU"),
     "sample_ms": ("M2LIVE_SAMPLE_MS", "float", "20", "clock sampling period in ms (10-50 recommended)"),
     "engine": ("M2LIVE_ENGINE", "str", "data-parallel rank (`0`)", "engine label on metrics and records"),
     "residual_window": ("M2LIVE_RESIDUAL_WINDOW", "int", "256", "steps in the rolling residual statistics"),
@@ -97,6 +100,7 @@ class M2liveConfig:
     sample_ms: float = 20.0
     engine: str | None = None  # None: the data-parallel rank
     residual_window: int = 256
+    calibration: str | None = None  # path of a calibration JSON (m2live calibrate fit)
     queue_size: int = 4096
     fault: str | None = None
     source: list[str] = field(default_factory=list)  # where values came from (file path, "env")
@@ -184,6 +188,15 @@ class M2liveConfig:
             kind, _, n = self.fault.partition(":")
             if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):
                 raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
+        if self.calibration:
+            from .calibrate import CalibrationError, load
+
+            try:
+                load(self.calibration)
+            except CalibrationError as e:
+                raise ConfigError(f"M2LIVE_CALIBRATION: {e}") from None
+        if not (1e-6 <= self.device_scale <= 1e6):
+            raise ConfigError(f"M2LIVE_DEVICE_SCALE must be within [1e-06, 1e+06], got {self.device_scale}")
 
     def describe(self) -> dict[str, object]:
         """Every option with its effective value, secrets masked (``m2live config check``)."""

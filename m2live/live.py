@@ -143,7 +143,8 @@ class LiveMonitor:
         shape = get_model(self.cfg.model) if self.cfg.model else info.model_shape
         if shape is None:
             raise ValueError("no model shape: vLLM's model config was unusable and M2LIVE_MODEL is not set")
-        self.predictor = Predictor(self.gpu, shape, tp=max(1, info.tp))
+        self.calibration = self._load_calibration()  # "none", or which calibration the constants come from
+        self.predictor = Predictor(self.gpu, shape, tp=max(1, info.tp), constants=self._calibrated or self._device_constants)
         self.model_label = info.model_name or shape.name
         self.residuals = ResidualTracker(window=self.cfg.residual_window)
         self._stale_s = max(1.0, 50 * self.cfg.sample_ms / 1000.0)
@@ -248,6 +249,25 @@ class LiveMonitor:
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
         first = cvd.split(",")[0].strip() if cvd else ""
         if first.isdigit():
+    def _load_calibration(self) -> str:
+        """M2LIVE_CALIBRATION: this GPU's own constants for the predictor (and so admission and exporters). A
+        calibration of another GPU, or a broken file, is refused with one warning: the architecture's constants
+        are used and the info metric says ``none``."""
+        self._calibrated = None
+        if not self.cfg.calibration:
+            return "none"
+        from .calibrate import CalibrationError, load
+
+        try:
+            cal = load(self.cfg.calibration)
+            cal.check_gpu(self.gpu)
+        except CalibrationError as e:
+            log.warning("engine %s: M2LIVE_CALIBRATION refused, predicting with the architecture's constants: %s",
+                        self.engine, e)
+            return "none"
+        self._calibrated = cal.arch_constants()
+        return cal.label()
+
             return int(first)
         return max(0, self.info.local_rank) * max(1, self.info.tp)
 
@@ -286,6 +306,7 @@ class LiveMonitor:
                 self._count_exporter_error(f"prometheus exporter on {cfg.prom_host}:{cfg.prom_port}", e)
         if cfg.mqtt_url:
             try:
+                    exp.set_calibration(self.calibration)
                 from exporters.mqtt import MqttPublisher
 
                 pub = MqttPublisher(cfg.mqtt_url, cfg.mqtt_instance or f"m2live-{self.engine}",

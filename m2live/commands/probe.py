@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: 330 with --quick, none otherwise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random cell order and weights")
     p.add_argument("--no-plot", action="store_true", help="write probe.json only")
+    p.add_argument("--calibrate", action="store_true",
+                   help="instead: measure this GPU's calibration plan (~1-2 min) and write the tables and "
+                        "calibration.json into --out (m2live calibrate)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +33,11 @@ def run(args: argparse.Namespace) -> int:
     from ..probe import run_probe
 
     console = Console(highlight=False, soft_wrap=True)
+    if args.calibrate:
+        from ..probe_calibrate import run_calibrate
+
+        run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print)
+        return 0
     doc = run_probe(args.out, quick=args.quick, dry_run=args.dry_run, gpu=args.gpu, seed=args.seed,
                     time_limit_s=args.time_limit, say=console.print, plot=not args.no_plot)
     gm, sm = doc["mape"].get("gemm", {}), doc["mape"].get("steps", {})

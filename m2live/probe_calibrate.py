@@ -1,0 +1,241 @@
+"""``m2live probe --calibrate``: measure this GPU's calibration plan and fit its calibration, in one go.
+
+For each kind the plan (``m2live calibrate plan``, default budgets) is measured the way opbench measured its
+tables, so the fit sees the rows it was designed for:
+- GEMMs: ``torch.nn.functional.linear`` (bf16) captured in a CUDA graph of 5 back-to-back calls, 3 warm-up
+  replays, then the mean of 6 timed replays (CUDA events) / 5 — short bursts, no L2 flush;
+- attention: vLLM's own FlashAttention (``flash_attn_varlen_func`` on a paged KV cache of 64-token blocks, with
+  the KV-cache write ``reshape_and_cache_flash`` in front, as vLLM runs it) where vLLM is importable; otherwise
+  attention is skipped and the output says so. Shapes whose buffers would not fit in free memory are skipped.
+The tables go to DIR (``gemm_bf16.csv``, ``prefill_attention_bf16.csv``, ``decode_attention_bf16.csv``, the
+opbench layout) and ``calibrate.fit`` writes ``DIR/calibration.json``.
+
+``--dry-run`` runs the whole pipeline on the CPU: the same plan (for the dry-run GPU), each shape shrunk to a tiny
+one and timed with ``perf_counter``, torch's SDPA standing in for vLLM's attention. The numbers mean nothing; the
+pipeline (plan -> tables -> fit -> calibration file) is what it exercises.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import calibrate as cal
+from .hardware import get_gpu
+from .probe import DRY_GPU, ProbeError, _load_torch
+
+CAL_FILE = "calibration.json"
+GEMM_CALLS, WARMUP, REPLAYS = 5, 3, 6  # opbench's timing: 5 calls per graph, 3 warm-up, mean of 6 replays
+BLOCK = 64  # vLLM KV-cache block size of the opbench attention rows
+MEM_SHARE = 0.6  # skip a shape whose buffers need more than this share of free device memory
+DRY_CAP = 32  # dry run: every dimension shrunk to at most this
+
+
+class _Timer:
+    def __init__(self, torch: Any, cuda: bool):
+        self.torch, self.cuda = torch, cuda
+
+    def per_call(self, fn: Callable[[], Any], calls: int) -> float:
+        """Seconds per call of ``fn``: ``calls`` back-to-back calls per replay, warm-ups, mean of REPLAYS."""
+        torch = self.torch
+
+        def body() -> None:
+            for _ in range(calls):
+                fn()
+
+        body()  # first call: library heuristics, workspaces
+        if not self.cuda:
+            t = []
+            for _ in range(REPLAYS):
+                t0 = time.perf_counter()
+                body()
+                t.append(time.perf_counter() - t0)
+            return sum(t) / len(t) / calls
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            body()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        for _ in range(WARMUP):
+            g.replay()
+        torch.cuda.synchronize()
+        ev = torch.cuda.Event
+        total = 0.0
+        for _ in range(REPLAYS):
+            a, b = ev(enable_timing=True), ev(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            total += a.elapsed_time(b) / 1e3
+        del g
+        return total / REPLAYS / calls
+
+    def free_bytes(self) -> float:
+        if not self.cuda:
+            return float("inf")
+        free, _ = self.torch.cuda.mem_get_info()
+        return float(free)
+
+
+def _attention(torch: Any, dry_run: bool) -> tuple[Callable | None, str]:
+    """(attention call, what it is) — vLLM's kernel, torch SDPA in a dry run, or None with the reason."""
+    if dry_run:
+        return None, "torch SDPA stand-in (dry run)"
+    try:
+        from vllm import _custom_ops as ops  # noqa: F401 - the KV-cache write
+        try:
+            from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
+        except Exception:  # noqa: BLE001 - older layouts
+            from vllm.vllm_flash_attn import flash_attn_varlen_func
+    except Exception as e:  # noqa: BLE001
+        return None, f"attention skipped: vLLM's FlashAttention is not importable ({e.__class__.__name__}: {e})"
+    return flash_attn_varlen_func, "vllm flash_attn_varlen_func + reshape_and_cache_flash (paged, block 64)"
+
+
+def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry: bool) -> float | None:
+    m, n, k = (int(row[c]) for c in ("m", "n", "k"))
+    if dry:
+        m, n, k = (min(v, DRY_CAP) for v in (m, n, k))
+    if 2.0 * (m * k + n * k + m * n) > MEM_SHARE * timer.free_bytes():
+        return None
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+    F = torch.nn.functional
+    return timer.per_call(lambda: F.linear(x, w), GEMM_CALLS)  # the buffers go when this returns
+
+
+def _measure_attention(torch: Any, timer: _Timer, dev: Any, kind: str, row: dict[str, str], fa: Callable | None,
+                       dry: bool) -> float | None:
+    b, isl, h, kv, d, step = (int(row[c]) for c in cal.SHAPE_COLS[kind])
+    q_len, ctx = (isl, isl) if kind == "prefill" else (1, step + 1)
+    bf16 = torch.bfloat16
+    if dry or fa is None:
+        b, q_len, ctx, h, kv = (min(v, DRY_CAP) for v in (b, q_len, ctx, h, kv))
+        kv = max(1, min(kv, h))
+        h -= h % kv
+        q = torch.randn(b, h, q_len, d, dtype=bf16)
+        k = torch.randn(b, h, ctx, d, dtype=bf16)
+        v = torch.randn(b, h, ctx, d, dtype=bf16)
+        F = torch.nn.functional
+        return timer.per_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=kind == "prefill"), 1)
+    from vllm import _custom_ops as ops
+
+    blocks_per_seq = -(-ctx // BLOCK)
+    nblocks = b * blocks_per_seq
+    tokens = b * q_len
+    need = 2.0 * (2 * nblocks * BLOCK * kv * d + tokens * (2 * h + 2 * kv) * d)
+    if need > MEM_SHARE * timer.free_bytes():
+        return None
+    k_cache = torch.zeros(nblocks, BLOCK, kv, d, device=dev, dtype=bf16)
+    v_cache = torch.zeros_like(k_cache)
+    q = torch.randn(tokens, h, d, device=dev, dtype=bf16)
+    k_new = torch.randn(tokens, kv, d, device=dev, dtype=bf16)
+    v_new = torch.randn(tokens, kv, d, device=dev, dtype=bf16)
+    out = torch.empty_like(q)
+    block_table = torch.arange(nblocks, device=dev, dtype=torch.int32).view(b, blocks_per_seq)
+    # the new tokens' slots: positions ctx - q_len .. ctx - 1 of each sequence
+    pos = torch.arange(ctx - q_len, ctx, device=dev, dtype=torch.int64)
+    slots = (torch.arange(b, device=dev, dtype=torch.int64)[:, None] * blocks_per_seq * BLOCK + pos[None, :]).reshape(-1)
+    cu_q = torch.arange(0, (b + 1) * q_len, q_len, device=dev, dtype=torch.int32)
+    seqused = torch.full((b,), ctx, device=dev, dtype=torch.int32)
+    scale = torch.ones((), device=dev, dtype=torch.float32)
+
+    def call() -> None:
+        ops.reshape_and_cache_flash(k_new, v_new, k_cache, v_cache, slots, "auto", scale, scale)
+        fa(q, k_cache, v_cache, max_seqlen_q=q_len, cu_seqlens_q=cu_q, max_seqlen_k=ctx, seqused_k=seqused,
+           softmax_scale=1.0 / math.sqrt(d), causal=True, block_table=block_table, out=out)
+
+    return timer.per_call(call, 1)
+
+
+def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: str | None = None,
+                  say: Callable[[str], None] = print, time_limit_s: float = 110.0) -> dict:
+    """Measure the plan, write the tables and the calibration into ``out``; returns a summary."""
+    torch = _load_torch(dry_run)
+    cuda = not dry_run
+    if dry_run:
+        spec = get_gpu(gpu or DRY_GPU)
+        dev = torch.device("cpu")
+    else:
+        name = gpu or torch.cuda.get_device_name()
+        try:
+            spec = get_gpu(name)
+        except KeyError as e:
+            raise ProbeError(f"{e}; pass --gpu with the catalog name to calibrate") from None
+        dev = torch.device("cuda", torch.cuda.current_device())
+    out_dir = Path(out) if out else Path("results") / "calibration" / spec.name.replace(" ", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timer = _Timer(torch, cuda)
+    fa, attn_what = _attention(torch, dry_run)
+    say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
+        f"attention: {attn_what}")
+    t0 = time.monotonic()
+    summary: dict = {"gpu": spec.name, "dry_run": dry_run, "attention": attn_what, "measured": {}, "skipped": {},
+                     "out_dir": str(out_dir)}
+    torch.manual_seed(0)
+    for kind in cal.KINDS:
+        if kind != "gemm" and fa is None and not dry_run:
+            say(f"{kind}: skipped ({attn_what})")
+            continue
+        rows = cal.plan(spec.name, kind)
+        got: list[tuple[dict[str, str], float]] = []
+        skipped = 0
+        for r in rows:
+            if time.monotonic() - t0 > time_limit_s:
+                skipped += 1
+                continue
+            try:
+                t = (_measure_gemm(torch, timer, dev, r, dry_run) if kind == "gemm"
+                     else _measure_attention(torch, timer, dev, kind, r, fa, dry_run))
+            except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
+                say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({e.__class__.__name__})")
+                t = None
+            if t is None or not (t > 0 and math.isfinite(t)):
+                skipped += 1
+                continue
+            got.append((r, t))
+        if cuda:
+            torch.cuda.empty_cache()
+        summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
+        say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else ""))
+        if got:
+            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got,
+                         "torch.nn.functional.linear" if kind == "gemm" else attn_what, _vllm_version(fa))
+    summary["measure_s"] = round(time.monotonic() - t0, 1)
+    c = cal.fit(out_dir, spec.name)
+    c.save(out_dir / CAL_FILE)
+    summary["calibration"] = str(out_dir / CAL_FILE)
+    summary["residual"] = c.residual
+    say(f"wrote {out_dir / CAL_FILE} after {summary['measure_s']:.0f} s of measurement: " + "; ".join(
+        f"{k} MAPE {v['mape_prior']:.1f}% -> {v['mape_fitted']:.1f}% on its {c.rows[k]} rows"
+        for k, v in c.residual.items()))
+    return summary
+
+
+def _vllm_version(fa: Callable | None) -> str:
+    if fa is None:
+        return ""
+    import vllm
+
+    return str(getattr(vllm, "__version__", ""))
+
+
+def _write_table(path: Path, kind: str, device: str, got: list[tuple[dict[str, str], float]], source: str,
+                 version: str) -> None:
+    cols = ["device", "vllm_version", "kernel_source", *cal.SHAPE_COLS[kind], "latency_ms"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for r, t in got:
+            w.writerow({"device": device, "vllm_version": version, "kernel_source": source,
+                        **{c: r[c] for c in cal.SHAPE_COLS[kind]}, "latency_ms": f"{t * 1e3:.6g}"})
