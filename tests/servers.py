@@ -131,11 +131,14 @@ class _Server:
 
 
 class Mosquitto(_Server):
-    """A Mosquitto 2 broker on 127.0.0.1; ``users={"name": "password"}`` turns on password authentication."""
+    """A Mosquitto 2 broker on 127.0.0.1; ``users={"name": "password"}`` turns on password authentication,
+    ``acl="..."`` (the text of a Mosquitto ACL file, needs ``users``) restricts who may read/write which topics,
+    and ``log_subscriptions=True`` makes the broker log every SUBSCRIBE (``log()``)."""
 
     name = "mosquitto"
 
-    def __init__(self, workdir: Path, port: int | None = None, users: dict[str, str] | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, users: dict[str, str] | None = None,
+                 acl: str | None = None, log_subscriptions: bool = False):
         super().__init__(workdir, port)
         self.users = users or {}
         self.conf = self.dir / "mosquitto.conf"
@@ -150,10 +153,25 @@ class Mosquitto(_Server):
             lines += ["allow_anonymous false", f"password_file {pw}"]
         else:
             lines.append("allow_anonymous true")
+        if acl is not None:
+            assert self.users, "an ACL file needs users (password authentication)"
+            acl_path = self.dir / "acl"
+            acl_path.write_text(acl)
+            lines.append(f"acl_file {acl_path}")
+        self.subscription_log = self.dir / "subscriptions.log"
+        if log_subscriptions:  # a log file of its own: the broker flushes it per line (stdout is block-buffered)
+            lines += ["log_type subscribe", f"log_dest file {self.subscription_log}"]
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _argv(self) -> list[str]:
         return [_need("mosquitto"), "-c", str(self.conf)]
+
+    def subscriptions(self) -> str:
+        """The broker's SUBSCRIBE log (``log_subscriptions=True``): lines ``<time>: <client id> <qos> <topic>``."""
+        try:
+            return self.subscription_log.read_text(errors="replace")
+        except OSError:
+            return ""
 
     @property
     def url(self) -> str:

@@ -1,0 +1,265 @@
+"""Issue 16, items 1 (control bounds, logging, counters), 4 (silent switch-offs), 5 (one line and exit 2 for every
+bad input) and 6 (an unguarded vLLM read): no broker or engine needed here (see test_hardening_mqtt.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import MODELS, OPBENCH, REPO
+
+from m2live import Step, limits
+from m2live.cli import main
+from m2live.config import ConfigError, M2liveConfig
+from m2live.step import StepError
+
+GEMM = OPBENCH / "h100_sxm" / "gemm_bf16.csv"
+PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B"]
+
+
+def monitor(tmp_path: Path, start_exporters: bool = False, **env: str):
+    """A LiveMonitor as the plugin builds it (config from an environment), on a replayed clock."""
+    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.shapes import get_model
+    from m2live.telemetry import ClockReading, ReplayClockSource
+
+    base = {"M2LIVE_PROM": "0", "M2LIVE_GPU": "NVIDIA H100 80GB HBM3", "M2LIVE_SAMPLE_MS": "5"}
+    cfg = M2liveConfig.from_env({**base, **env})
+    src = ReplayClockSource([ClockReading(0.0, 1500.0, 1980.0, 650.0, 700.0, 4, 70.0)])
+    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
+                       step_of=lambda sched, out: out.step, clock_source=src, start_exporters=start_exporters)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def at(self, level: int) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+@contextmanager
+def logs() -> Iterator[_Lines]:
+    h = _Lines()
+    logger = logging.getLogger("m2live")
+    logger.addHandler(h)
+    try:
+        yield h
+    finally:
+        logger.removeHandler(h)
+
+
+def _trace_line(**override) -> str:
+    rec = {"step": 1, "num_prefill_tokens": 0, "num_decode_tokens": 3, "decode_kv_tokens": 300,
+           "predicted_s": 0.010, "corrected_s": 0.011, "measured_s": 0.012, "f_clk": 1.0,
+           "ops": {"qkv": 0.004}, "factors": {"eta_mem": {"qkv": 0.8}}}
+    return json.dumps({**rec, **override}) + "\n"
+
+
+# --- item 5: every bad input is one line on stderr and exit code 2 ---------------------------------------------------
+def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    header_only = tmp / "header.csv"
+    header_only.write_text(GEMM.read_text().splitlines()[0] + "\n")
+    bad_ops, bad_factors = tmp / "ops.jsonl", tmp / "factors.jsonl"
+    bad_ops.write_text(_trace_line(ops=[1, 2]) * 3)
+    bad_factors.write_text(_trace_line(factors="fast") * 3)
+    binary = tmp / "m2live.toml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    png = str(tmp / "r.png")
+    return {
+        "clock 1e-300": ([*PREDICT, "--decode", "100", "--clock-mhz", "1e-300"], {}),
+        "clock inf": ([*PREDICT, "--decode", "100", "--clock-mhz", "inf"], {}),
+        "decode count 1e30": ([*PREDICT, "--decode", "10x" + "1" + "0" * 30], {}),
+        "400-digit prefill": ([*PREDICT, "--prefill", "9" * 400], {}),
+        "decode 10x10000000": ([*PREDICT, "--decode", "10x10000000"], {}),
+        "tp 1e23": ([*PREDICT, "--decode", "10", "--tp", "1" + "0" * 23], {}),
+        "rank rate 1e308": (["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat,rate=1e308",
+                             "--gpus", "h100-sxm", "--tp", "1"], {}),
+        "ops header only": (["ops", str(header_only)], {}),
+        "ops -o /dev/full": (["ops", str(GEMM), "--gpu", "h100-sxm", "-o", "/dev/full"], {}),
+        "report ops list": (["report", str(bad_ops), "-o", png], {}),
+        "report factors str": (["report", str(bad_factors), "-o", png], {}),
+        "report warmup 1e30": (["report", str(bad_ops), "-o", png, "--warmup", "1" + "0" * 30], {}),
+        "binary M2LIVE_CONFIG": (["config", "check"], {"M2LIVE_CONFIG": str(binary)}),
+        "M2LIVE_QUEUE_SIZE=1e12": (["config", "check"], {"M2LIVE_QUEUE_SIZE": "1e12"}),
+        "M2LIVE_RESIDUAL_WINDOW=1e9": (["config", "check"], {"M2LIVE_RESIDUAL_WINDOW": "1e9"}),
+        "M2LIVE_SLO_MS=1e-9": (["config", "check"], {"M2LIVE_SLO_MS": "1e-9"}),
+        "misspelt M2LIVE_SLO_MSS": (["config", "check"], {"M2LIVE_SLO_MSS": "40"}),
+    }
+
+
+CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", "decode 10x10000000", "tp 1e23",
+         "rank rate 1e308", "ops header only", "ops -o /dev/full", "report ops list", "report factors str",
+         "report warmup 1e30", "binary M2LIVE_CONFIG", "M2LIVE_QUEUE_SIZE=1e12", "M2LIVE_RESIDUAL_WINDOW=1e9",
+         "M2LIVE_SLO_MS=1e-9", "misspelt M2LIVE_SLO_MSS"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("M2LIVE_")]:
+        monkeypatch.delenv(k)
+    cases = _cases(tmp_path)
+    assert sorted(cases) == sorted(CASES)
+    argv, env = cases[case]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, (case, err)
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("m2live "), (case, err)
+    if argv[0] != "config":
+        assert out == "", case
+
+
+def test_ops_to_a_full_device_in_a_real_process_is_one_line(tmp_path):
+    """The same with the real file descriptors of a fresh process (no test runner in between)."""
+    r = subprocess.run([sys.executable, "-m", "m2live", "ops", str(GEMM), "--gpu", "h100-sxm", "-o", "/dev/full"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "m2live ops: error: cannot write /dev/full: No space left on device"]
+
+
+def test_limits_are_named_and_the_step_enforces_them():
+    with pytest.raises(ValueError, match="MHz"):
+        limits.CLOCK_MHZ.parse("1e-300", "--clock-mhz")
+    assert limits.CLOCK_MHZ.parse("1410", "--clock-mhz") == 1410.0
+    assert limits.QUEUE_SIZE.parse("1e3", "q") == 1000
+    with pytest.raises(StepError, match="limits"):
+        Step([(1, 10**30)])
+    with pytest.raises(StepError, match="limits"):
+        Step.from_counts(0, 0, 10**9, 0)  # refused before a billion-entry list is built
+    for env in ({"M2LIVE_QUEUE_SIZE": "1e12"}, {"M2LIVE_RESIDUAL_WINDOW": "1e9"}, {"M2LIVE_SLO_MS": "1e-9"},
+                {"M2LIVE_SLO_MS": "1e308"}, {"M2LIVE_GPU_INDEX": "1e9"}):
+        with pytest.raises(ConfigError, match="within"):
+            M2liveConfig.from_env(env)
+
+
+# --- item 4: no silent switch-offs ------------------------------------------------------------------------------------
+def test_config_check_prints_the_effective_config_with_secrets_masked(tmp_path, capsys, monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("M2LIVE_")]:
+        monkeypatch.delenv(k)
+    f = tmp_path / "m2live.toml"
+    f.write_text('enable = true\nslo_ms = 40\nmqtt_url = "mqtt://alice:S3CRET@127.0.0.1:1883"\n')
+    monkeypatch.setenv("M2LIVE_CONFIG", str(f))
+    monkeypatch.setenv("M2LIVE_MQTT_PASSWORD", "S3CRET2")
+    monkeypatch.setenv("M2LIVE_PROM_PORT", "9555")
+    assert main(["config", "check"]) == 0
+    out, err = capsys.readouterr()
+    assert "S3CRET" not in out + err and "mqtt://***@127.0.0.1:1883" in out and err == ""
+    assert "slo_ms" in out and "40.0" in out and "9555" in out and str(f) in out
+    monkeypatch.setenv("M2LIVE_SLO_MSS", "30")
+    assert main(["config", "check", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["config"]["mqtt_password"] == "***"
+    assert "M2LIVE_SLO_MSS" in err and "did you mean M2LIVE_SLO_MS?" in err
+
+
+def test_python_m_config_still_generates_the_readme_table():
+    r = subprocess.run([sys.executable, "-m", "m2live.config"], capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+    assert r.returncode == 0 and "| `M2LIVE_MQTT_CONTROL` | 0 |" in r.stdout
+    readme = (REPO / "README.md").read_text()
+    for line in r.stdout.splitlines():
+        if "MQTT_CONTROL" in line:
+            assert line in readme
+
+
+def test_unknown_variables_are_named_with_the_closest_known_one():
+    cfg = M2liveConfig.from_env({"M2LIVE_SLO_MSS": "40", "M2LIVE_PROM_PROT": "9500", "M2LIVE_XYZZY": "1"})
+    assert cfg.slo_ms is None
+    joined = " | ".join(cfg.warnings)
+    assert "M2LIVE_SLO_MSS is ignored (did you mean M2LIVE_SLO_MS?)" in joined
+    assert "did you mean M2LIVE_PROM_PORT?" in joined and "M2LIVE_XYZZY is ignored" in joined
+    with pytest.raises(ConfigError, match="did you mean 'slo_ms'"):
+        M2liveConfig.from_dict({"slo_mss": 40})
+
+
+def test_plugin_asked_to_run_with_a_bad_config_says_so_at_error(tmp_path):
+    from vllm_hooks.plugin import enabled
+
+    f = tmp_path / "m2live.toml"
+    f.write_text("enable = true\nslo_ms = -5\n")
+    with logs() as h:
+        assert enabled({"M2LIVE_CONFIG": str(f)}) is False
+    errors = h.at(logging.ERROR)
+    assert len(errors) == 1 and "M2LIVE_SLO_MS" in errors[0] and str(f) in errors[0]
+
+
+class _SchedulerWithoutBudget:
+    """Stands in for a later vLLM whose scheduler renamed ``max_num_scheduled_tokens``: it records what it is
+    called with, as vLLM 0.33's ``schedule(throttle_prefills=...)`` would be."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.max_num_active_reqs = 8
+        self.requests, self.running, self.waiting = {}, [], []
+        self.calls: list[tuple] = []
+
+    def schedule(self, *args, **kwargs):
+        self.calls.append(("schedule", args, kwargs))
+        return "output"
+
+    def update_from_output(self, *args, **kwargs):
+        self.calls.append(("update", args, kwargs))
+        return {}
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", (), {}))
+
+
+def test_a_renamed_vllm_attribute_disables_m2live_with_an_error_not_a_crash():
+    from vllm_hooks.scheduler import _make_class
+
+    cls = _make_class(_SchedulerWithoutBudget)
+    with logs() as h:
+        s = cls(None)  # vLLM passes vllm_config; the guard trips before it is read
+    assert s._m2live is None
+    errors = h.at(logging.ERROR)
+    assert len(errors) == 1 and "max_num_scheduled_tokens" in errors[0] and "0.32.0" in errors[0]
+    # the engine runs as vLLM's own scheduler, every argument passed through unchanged
+    assert s.schedule(throttle_prefills=True) == "output"
+    assert s.update_from_output("output", model_runner_output="mro") == {}
+    s.shutdown()
+    assert s.calls == [("schedule", (), {"throttle_prefills": True}),
+                       ("update", ("output",), {"model_runner_output": "mro"}), ("shutdown", (), {})]
+
+
+# --- item 1, the engine side: bounds, log line, counters ----------------------------------------------------------
+def test_remote_control_is_bounded_logged_and_counted(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from exporters.prometheus import PrometheusExporter
+
+    mon = monitor(tmp_path, M2LIVE_SLO_MS="5000")
+    reg = CollectorRegistry()
+    exp = PrometheusExporter(port=None, engine="0", gpu="g", model="m", registry=reg, counters=mon.counters)
+    exp.start()
+    try:
+        with logs() as h:
+            mon.on_control({"slo_ms": 1e-9})  # passed the old checks; the config would never allow it
+            mon.on_control({"slo_ms": 1e308})
+            assert mon.admission.slo_s == 5.0
+            mon.on_control({"slo_ms": 40, "by": "alice"})
+            assert mon.admission.slo_s == 0.04
+        changed = [line for line in h.at(logging.WARNING) if "remote control applied" in line]
+        assert len(changed) == 1 and "'alice'" in changed[0] and "5000.0 -> 40.0 ms" in changed[0]
+        assert "Z by" in changed[0]  # when (UTC), who, what
+        c = mon.counters()
+        assert c["control_changes_total"] == 1 and c["control_rejected_total"] == 2
+        labels = {"engine": "0", "gpu": "g", "model": "m"}
+        assert reg.get_sample_value("m2live_control_changes_total", labels) == 1
+        assert reg.get_sample_value("m2live_control_rejected_total", labels) == 2
+        assert reg.get_sample_value("m2live_trace_errors_total", labels) == 0  # always exported
+    finally:
+        exp.close()
+        mon.close()
