@@ -20,7 +20,13 @@ prediction stays under ``slo_s * (1 - margin)``:
 * the budget never exceeds vLLM's configured ``max_num_batched_tokens`` / ``max_num_seqs``;
 * decodes of running requests always proceed: when even the decode-only step (no prefill) cannot meet the SLO
   the step is allowed, the decision is flagged and counted, and no new requests are admitted until a step can
-  meet it again (running prefills also wait, so the running set drains).
+  meet it again (running prefills also wait, so the running set drains);
+* it never starves on a bad prior: while the residual tracker's correction has not converged (``converged``
+  false: too few steps, or its recent out-of-sample error above its bound), or after ``fallback_after``
+  consecutive decisions in which no step could meet the SLO, the controller **falls back to vLLM's own
+  budget** — in bounded steps: the budget doubles from the last decided one each step up to vLLM's configured
+  limit, admissions up to vLLM's limit — and flags (``Decision.fallback``) and counts (``fallbacks``) every such
+  decision. It leaves the fallback as soon as the correction has converged and a step can meet the SLO again.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class ResidualModel(Protocol):
     """What the controller needs of ``m2live.residuals.ResidualTracker``."""
 
     def upper(self, prediction: Prediction, step: Step, q: float = 0.95) -> float: ...
+
+    # optional: ``converged`` (bool) — whether the correction can be trusted yet (absent: always trusted)
 
 
 @dataclass
@@ -70,6 +78,7 @@ class Decision:
     evaluations: int = 0  # predictions spent on this decision
     prefill_tokens: int = 0  # prefill tokens the budget leaves after the decodes
     admitted: int = 0  # waiting requests this budget admits (at least one token each)
+    fallback: bool = False  # vLLM's own budget (ramped): the correction is not trusted, or nothing met the SLO
 
 
 class _PlannedStep(Step):
@@ -118,7 +127,7 @@ class AdmissionController:
 
     def __init__(self, predictor: Predictor, residuals: ResidualModel | None, slo_s: float | None,
                  margin: float = 0.1, *, quantile: float = 0.95, min_chunk: int = 16,
-                 max_evaluations: int = 8) -> None:
+                 max_evaluations: int = 8, fallback_after: int = 32) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"admission margin must be in [0, 1), got {margin}")
         if not 0.5 <= quantile < 1.0:
@@ -131,16 +140,21 @@ class AdmissionController:
         self.quantile = quantile
         self.min_chunk = min_chunk
         self.max_evaluations = max(3, max_evaluations)
+        self.fallback_after = max(1, fallback_after)
         self._lock = threading.Lock()  # set_slo may come from the MQTT thread
         self.slo_s: float | None = None
         self.set_slo(slo_s)
         self.violations = 0  # measured steps over the SLO (see observe)
         self.flagged = 0  # decisions where even the decode-only step could not meet the SLO
         self.decisions = 0
+        self.fallbacks = 0  # decisions that fell back to vLLM's own budget (see the module docstring)
+        self._flag_streak = 0  # consecutive decisions in which no step could meet the SLO
+        self._fallback_budget: int | None = None  # the ramp towards vLLM's limit while falling back
         self.last: Decision | None = None
         self._forecasts_clock = ENERGY_PER_FLOP.get(predictor.gpu.arch, 0.0) > 0.0
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
         self._warm: int | None = None  # last binding budget (warm start of the next search)
+        self._clock_ratio_last: float | None = None
 
     # ---- configuration ----------------------------------------------------------------------------------
     def set_slo(self, slo_s: float | None) -> None:
@@ -171,6 +185,32 @@ class AdmissionController:
     def decide(self, view: QueueView, f_clk: float | None) -> Decision:
         """Budget and admission cap for the next step. ``f_clk``: live clock ratio (1.0 = boost), a clock in
         MHz (> 5), or None for the power-cap forecast."""
+        d = self._decide(view, f_clk)
+        if self.target_s is None or d.predicted_s == 0.0 and not d.flagged:
+            return d  # admission off, or nothing to schedule
+        self._flag_streak = self._flag_streak + 1 if d.flagged else 0
+        trusted = bool(getattr(self.residuals, "converged", True)) if self.residuals is not None else True
+        if trusted and self._flag_streak < self.fallback_after:
+            self._fallback_budget = None
+            return d
+        return self._fallback(view, d)
+
+    def _fallback(self, view: QueueView, d: Decision) -> Decision:
+        """vLLM's own budget, reached in bounded steps: double the last budget each decision, up to the limit."""
+        limit_tokens, limit_seqs = int(view.max_num_batched_tokens), int(view.max_num_seqs)
+        prev = self._fallback_budget if self._fallback_budget is not None else d.token_budget
+        budget = min(limit_tokens, max(d.token_budget, 2 * prev, self.min_chunk))
+        self._fallback_budget = budget
+        self.fallbacks += 1
+        plan = self._plan(view, budget, limit_seqs)
+        t = self._corrected(plan.step, self._step_clock(plan.step, self._clock_ratio_last))
+        fb = Decision(token_budget=max(1, budget), max_active=limit_seqs, predicted_s=t, flagged=True,
+                      evaluations=d.evaluations + 1, prefill_tokens=plan.prefill_tokens, admitted=plan.admitted,
+                      fallback=True)
+        self.last = fb
+        return fb
+
+    def _decide(self, view: QueueView, f_clk: float | None) -> Decision:
         limit_tokens = int(view.max_num_batched_tokens)
         limit_seqs = int(view.max_num_seqs)
         if limit_tokens < 1 or limit_seqs < 1:
@@ -183,6 +223,7 @@ class AdmissionController:
             self.last = d
             return d
         f_live = self._clock_ratio(f_clk)
+        self._clock_ratio_last = f_live
         decodes = [int(c) for c in view.decode_contexts]
         self._dec_cache = (decodes, tuple((1, c) for c in decodes))
         n_dec = min(len(decodes), limit_tokens)

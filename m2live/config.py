@@ -72,6 +72,9 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
                    "bounded queues of the record thread and the trace writer (drops are counted)"),
     "fault": ("M2LIVE_FAULT", "str", "unset", "test only: `predict` or `predict:N` makes the predictor raise "
               "(every N-th step) to prove hook errors are contained"),
+    "device_scale": ("M2LIVE_DEVICE_SCALE", "float", "1", "test only: multiplies the device's FLOP/s and bandwidth "
+                     "(the CPU device's fixed costs by its inverse) — a deliberately wrong prior that the online "
+                     "correction must rescue (e.g. 0.01 or 100)"),
 }
 
 
@@ -103,6 +106,7 @@ class M2liveConfig:
     calibration: str | None = None  # path of a calibration JSON (m2live calibrate fit)
     queue_size: int = 4096
     fault: str | None = None
+    device_scale: float = 1.0  # test only: scales the device prior (see OPTIONS)
     source: list[str] = field(default_factory=list)  # where values came from (file path, "env")
     warnings: list[str] = field(default_factory=list)  # e.g. unknown M2LIVE_* variables (closest known named)
 
@@ -184,6 +188,8 @@ class M2liveConfig:
             L.GPU_INDEX.check(self.gpu_index, "M2LIVE_GPU_INDEX", ConfigError)
         if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):
             raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {mask_url(self.mqtt_url)!r}")
+        if not (1e-6 <= self.device_scale <= 1e6):
+            raise ConfigError(f"M2LIVE_DEVICE_SCALE must be within [1e-06, 1e+06], got {self.device_scale}")
         if self.fault:
             kind, _, n = self.fault.partition(":")
             if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):

@@ -113,12 +113,15 @@ ARCH: dict[str, ArchConstants] = {
 ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline)")
 ARCH["blackwell"] = replace(ARCH["hopper"], borrowed_from="hopper (TMA + async tensor-core pipeline)")
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
+# The CPU device (m2live/cpu_device.py) measures the engine's own kernels' *effective* FLOP/s and bandwidth, so
+# the GEMM factors are 1 here (eta_tc = 1, no operand-feed limit, full streaming efficiency); the per-call costs
+# and the attention efficiencies below are defaults that cpu_device.device_constants replaces with measured ones.
 ARCH["cpu"] = ArchConstants(
-    eta_tc=0.6, i_crit=1.0, k0=0.0, t_kernel=5e-6, eta_mem=0.8, mem_ramp=0.0, overlap=8.0, l2_speedup=1.0,
+    eta_tc=1.0, i_crit=0.0, k0=0.0, t_kernel=5e-6, eta_mem=1.0, mem_ramp=0.0, overlap=8.0, l2_speedup=1.0,
     t_attn=10e-6, t_attn_over=5e-6, eta_attn=0.3, k0_attn=0.0, eta_attn_mem=0.6, item_cost=0.0,
     block_cost=0.0, cta_bw=1e12,
     attn_block_m=1, cta_slots=1, tiles=((1, 1),),
-    fitted_on="not fitted: CPU peak FLOP/s and bandwidth come from the start-up microbenchmark",
+    fitted_on="not fitted: measured at start-up by m2live/cpu_device.py (the engine's linear and attention kernels)",
 )
 
 

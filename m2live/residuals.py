@@ -1,27 +1,38 @@
 """Online correction of the mechanistic prediction: the seed's "calibrated mode", done while serving.
 
-The mechanistic model prices the device body from datasheet numbers; what it cannot know is this engine's host
-floor (scheduler, input preparation, sampling, Python), its host cost per sequence, and how far the real kernels
-sit from the modelled efficiencies on this device. ``ResidualTracker`` fits those few terms online:
+The mechanistic model prices the device body from datasheet (or, on the CPU device, start-up) numbers; what it
+cannot know is how far this engine's kernels sit from them and the host work around them (scheduler, input
+preparation, sampling, Python). A prior can be off by orders of magnitude — an unseen GPU, a wrong clock, a CPU
+measured while busy — so the correction is built to converge from *any* prior:
 
-    measured ≈ a + b_mm · t_mm + b_attn · t_attn + c_dec · decode_seqs + c_pf · prefill_chunks
+1. **Scales first, in log space.** Each prediction is split into four op classes: GEMMs (projections and LM head),
+   attention, the rest of the device body (norms, activations, all-reduce, launch gaps) and the host prior
+   (per-sequence host work and the fixed tail). The fit finds one multiplicative scale per class,
 
-(a prefill chunk costs the host more than a decoding sequence: block allocation, the request's first sampling and
-detokenisation; one shared per-sequence term made the floor absorb it and over-correct decode-only steps)
+       measured ≈ s_gemm·t_gemm + s_attn·t_attn + s_other·t_other + s_host·t_host,
 
-with ``t_mm`` the predicted projection/light/LM-head body and ``t_attn`` the predicted attention body (both from
-the mechanistic Prediction, so clock, shapes and batch composition stay mechanistic). The fit is weighted least
-squares on relative error (weight 1/measured) over a rolling window (recent steps only), robust (Huber then Tukey
-weights: outliers such as a preempted CPU get no weight), and a ridge pull toward the prior (a = 0, b = 1, c = 0)
-worth one step of evidence per term, so that the first fits are sane and a full window is hardly biased. Until
-``min_fit`` steps are seen, the correction is the rolling median ratio.
+   by minimising a Huber loss of ``log(measured) − log(fit)`` (gross outliers, beyond 6 robust sigmas, get no
+   weight) with Gauss-Newton steps, starting from the median measured/predicted ratio. In log space a prior off
+   by 100× is an offset of 4.6, not a leverage point: the first fit already removes it. A ridge worth one step
+   of evidence pulls the four scales toward their common value (a class the recent steps do not exercise
+   follows the others), and every scale is bounded to [1e-4, 1e4] of the prior.
+2. **Then additive host terms** on what is left: ``a + c_dec·decoding sequences + c_pf·prefill chunks`` (a
+   prefill chunk costs the host more than a decoding sequence: block allocation, the request's first sampling),
+   weighted least squares on relative error with a ridge toward zero; two rounds of back-fitting against the
+   scales. The terms are kept only if they lower the window's median relative error — so they can refine the
+   scales' fit, never spoil it.
+
+The fit runs over a rolling window (recent steps only) and is refitted every step at first, then every few
+steps. Until ``min_fit`` steps are seen the correction is the median measured/predicted ratio of the steps so
+far (already right in scale after one step).
 
 Every correction is scored out of sample: ``update`` first records the error of the correction it would have
 made, then learns from the step. ``upper(q)`` adds the q-quantile of those relative errors (admission control
-uses it as a safety margin).
+uses it as a safety margin); ``converged`` says whether the recent out-of-sample errors are small enough to
+trust the correction (admission falls back to vLLM's own budget while they are not).
 
 The plugin calls ``update`` on its record thread, off the engine's critical path; admission control reads
-``upper`` on the engine's thread.
+``upper`` and ``converged`` on the engine's thread.
 """
 
 from __future__ import annotations
@@ -32,47 +43,132 @@ from collections import deque
 
 import numpy as np
 
-from .predictor import Prediction
+from .predictor import GEMM_OPS, Prediction
 from .step import Step
 
-NF = 5  # features of the host-term fit
+CLASSES = ("gemm", "attn", "other", "host")
+NC = len(CLASSES)
+NH = 3  # additive host terms: 1, decoding sequences, prefill chunks
+NF = NC + NH  # features per step
+LOG_BOUND = math.log(1e4)  # scales within [1e-4, 1e4]
+_GEMM = (*GEMM_OPS, "lm_head")
+_ATTN = ("attn_prefill", "attn_decode")
+_HOST = ("host", "sampling")
 
 
-def features(prediction: Prediction, step: Step) -> tuple[float, float, float, float, float]:
-    """(1, t_mm ms, t_attn ms, decoding sequences, prefill chunks) for the host-term fit."""
+def features(prediction: Prediction, step: Step) -> tuple[float, ...]:
+    """(t_gemm, t_attn, t_other, t_host in ms, 1, decoding sequences, prefill chunks)."""
     ops = prediction.ops
-    t_attn = ops.get("attn_prefill", 0.0) + ops.get("attn_decode", 0.0)
-    t_mm = max(0.0, prediction.t_blocks - t_attn)
-    return (1.0, 1e3 * t_mm, 1e3 * t_attn, float(len(step.decode_contexts)), float(len(step.prefill_seqs)))
+    g = sum(ops.get(k, 0.0) for k in _GEMM)
+    a = sum(ops.get(k, 0.0) for k in _ATTN)
+    h = sum(ops.get(k, 0.0) for k in _HOST)
+    o = max(0.0, prediction.total_s - g - a - h)
+    return (1e3 * g, 1e3 * a, 1e3 * o, 1e3 * h, 1.0, float(len(step.decode_contexts)),
+            float(len(step.prefill_seqs)))
+
+
+def _huber_weights(r: np.ndarray, floor: float) -> np.ndarray:
+    """Huber IRLS weights of residuals ``r`` (robust scale from the MAD); beyond 6 sigmas: zero."""
+    s = max(1.4826 * float(np.median(np.abs(r))), floor)
+    u = np.abs(r) / s
+    w = np.minimum(1.0, 1.345 / np.maximum(u, 1e-12))
+    w[u > 6.0] = 0.0
+    return w
+
+
+def fit_scales(X: np.ndarray, y: np.ndarray, u0: np.ndarray | None = None, ridge: float = 1.0,
+               iterations: int = 8) -> np.ndarray:
+    """Log-scales ``u`` (one per class) with ``y ≈ X @ exp(u)``: robust Gauss-Newton on log residuals.
+
+    ``X``: per-class predicted times (k × NC, ≥ 0), ``y``: measured (> 0). The ridge pulls the scales toward
+    their mean (worth ``ridge`` average steps of evidence); bounds ±LOG_BOUND."""
+    keep = X.sum(axis=1) > 0
+    X, y = X[keep], y[keep]
+    if len(y) == 0:
+        return np.zeros(NC) if u0 is None else u0
+    ly = np.log(y)
+    if u0 is None:
+        u0 = np.full(NC, float(np.median(ly - np.log(X.sum(axis=1)))))
+    u = np.clip(u0.astype(float), -LOG_BOUND, LOG_BOUND)
+    P = np.eye(NC) - 1.0 / NC  # deviation from the common scale
+    absent = ~(X > 0).any(axis=0)
+
+    def residuals(uu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        s = np.exp(uu)
+        f = X @ s
+        return ly - np.log(f), s, f
+
+    # the ridge is worth ``ridge`` average steps of evidence on a class (a step's evidence is its share squared)
+    r0, s0, f0 = residuals(u)
+    J0 = (X * s0) / f0[:, None]
+    kappa = ridge * float(np.sum(J0 * J0)) / (NC * len(y))
+
+    def objective(uu: np.ndarray, w: np.ndarray) -> float:
+        r = residuals(uu)[0]
+        return float(np.sum(w * r * r)) + kappa * float(uu @ P @ uu)
+
+    w = np.ones(len(y))
+    for it in range(iterations):
+        r, s, f = residuals(u)
+        if it > 0:
+            w = _huber_weights(r, 0.02)
+        J = (X * s) / f[:, None]  # d log f / d u: each class's share of the fit
+        H = J.T @ (J * w[:, None]) + kappa * P + 1e-9 * np.eye(NC)
+        H[absent, absent] += 1.0  # a class absent from the window: held by the ridge alone
+        g = J.T @ (w * r) - kappa * (P @ u)
+        try:
+            step = np.linalg.solve(H, g)
+        except np.linalg.LinAlgError:
+            break
+        base = objective(u, w)
+        t = 1.0
+        while t > 1e-3:  # backtracking: a Gauss-Newton step on a robust loss may overshoot
+            cand = np.clip(u + t * step, -LOG_BOUND, LOG_BOUND)
+            if objective(cand, w) <= base:
+                u = cand
+                break
+            t *= 0.5
+        if float(np.max(np.abs(t * step))) < 1e-4:
+            break
+    return u
 
 
 class ResidualTracker:
-    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 1.0, refit_every: int = 32):
+    def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 1.0, refit_every: int = 16,
+                 converged_error: float = 0.25):
         if window < 8:
             raise ValueError(f"residual window must be >= 8, got {window}")
         self.window = window
         self.min_fit = min_fit
         self.ridge = ridge
         self.refit_every = max(1, refit_every)
+        self.converged_error = converged_error
         self.n = 0
-        self._prior = np.array([0.0, 1.0, 1.0, 0.0, 0.0])
-        # ring buffer over the last `window` steps, one plain tuple per step (turned into arrays only when
-        # fitting or reporting):
+        # one plain tuple per step over the last `window` steps (arrays only when fitting or reporting):
         # (*features, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
         self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._theta: tuple[float, ...] | None = None
+        self._scales: np.ndarray | None = None  # per-class multiplicative scales
+        self._host: np.ndarray | None = None  # additive host terms (ms), or None when they did not help
+        self._u: np.ndarray | None = None  # log-scales of the last fit (warm start of the next)
         self._ratio_median = 1.0
         self._upper_cache: dict[float, float] = {}
-        self._lock = threading.Lock()  # guards the ring buffer between update() and readers on other threads
+        self._lock = threading.Lock()  # guards the window between update() and readers on other threads
 
     # --- estimates --------------------------------------------------------------------------------
+    def _estimate_ms(self, x: tuple[float, ...]) -> float | None:
+        s, h = self._scales, self._host
+        if s is None:
+            return None
+        est = float(s[0] * x[0] + s[1] * x[1] + s[2] * x[2] + s[3] * x[3])
+        if h is not None:
+            est += float(h[0] * x[4] + h[1] * x[5] + h[2] * x[6])
+        return est if est > 0 else None
+
     def correct(self, prediction: Prediction, step: Step) -> float:
         """Corrected expected step time in seconds (the raw prediction stays in ``prediction.total_s``)."""
-        th = self._theta
-        if th is not None:
-            est = 1e-3 * sum(t * x for t, x in zip(th, features(prediction, step), strict=True))
-            if est > 0.0:
-                return est
+        est = self._estimate_ms(features(prediction, step))
+        if est is not None:
+            return 1e-3 * est
         return prediction.total_s * self._ratio_median
 
     def upper(self, prediction: Prediction, step: Step, q: float = 0.95) -> float:
@@ -92,6 +188,20 @@ class ResidualTracker:
             self._upper_cache[q] = m
         return est * m
 
+    def recent_error(self, last: int = 16) -> float | None:
+        """Median |relative error| of the last ``last`` out-of-sample corrections (None before any step)."""
+        with self._lock:
+            cor = [abs(row[-1]) for row in list(self._rows)[-last:]]
+        return float(np.median(cor)) if cor else None
+
+    @property
+    def converged(self) -> bool:
+        """The correction is fitted and its recent out-of-sample median error is within ``converged_error``."""
+        if self._scales is None or self.n < self.min_fit:
+            return False
+        e = self.recent_error()
+        return e is not None and e <= self.converged_error
+
     # --- learning ---------------------------------------------------------------------------------
     def update(self, step: Step, prediction: Prediction, measured_s: float) -> None:
         if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
@@ -105,43 +215,63 @@ class ResidualTracker:
             # the error quantile over a window of steps moves slowly: recompute it every 8 steps once warm
             if self.n <= 64 or self.n % 8 == 0:
                 self._upper_cache.clear()
-        every = 1 if self.n <= 2 * self.min_fit else 4 if self.n <= 64 else 8 if self.n <= 256 else self.refit_every
-        if self.n % every == 0:
+        every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
+        if self.n % every == 0 or self.n < self.min_fit:
             self._refit()
 
     def _refit(self) -> None:
         with self._lock:  # a consistent snapshot
             a = np.array(self._rows, dtype=float).reshape(-1, NF + 4)
         k = len(a)
-        X, y, p = a[:, :NF], a[:, NF], a[:, NF + 1]
-        self._ratio_median = float(np.median(y / p)) if k else 1.0
+        if k == 0:
+            return
+        X, H, y, p = a[:, :NC], a[:, NC:NF], a[:, NF], a[:, NF + 1]
+        self._ratio_median = float(np.median(y / p))
         if k < self.min_fit:
             return
-        # IRLS on relative error: Huber, then Tukey's biweight (gross outliers -- a preempted CPU, a GC pause --
-        # get zero weight); ridge toward the prior keeps the 4 terms sane on narrow data.
+        # 1. multiplicative scales per op class (log space, robust)
+        u = fit_scales(X, y, self._u, self.ridge)
+        f = X @ np.exp(u)
+        err_scales = float(np.median(np.abs(y - f) / y))
+        # 2. additive host terms on the residual, two rounds of back-fitting; kept only if they help
+        host = None
+        best_err = err_scales
+        u_h = u
+        for _ in range(2):
+            h = self._fit_host(H, y - X @ np.exp(u_h), y)
+            if h is None:
+                break
+            y_rest = y - H @ h
+            if np.any(y_rest <= 0.1 * y):
+                break
+            u_h = fit_scales(X, y_rest, u_h, self.ridge)
+            err = float(np.median(np.abs(y - X @ np.exp(u_h) - H @ h) / y))
+            if err < 0.98 * best_err:
+                best_err, host, u = err, h, u_h
+            else:
+                break
+        if np.all(np.isfinite(u)):
+            self._u = u
+            self._scales = np.exp(u)
+            self._host = host
+
+    def _fit_host(self, H: np.ndarray, e: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+        """a + c_dec·n_dec + c_pf·n_pf ≈ e (ms) on relative error, Huber-weighted, ridge toward zero."""
+        k = len(y)
         base = 1.0 / y
         w = np.ones(k)
-        th = self._prior.copy()
-        for it in range(3):
+        h = np.zeros(NH)
+        for _ in range(3):
             sw = base * w
-            A = X * sw[:, None]
-            b = y * sw
+            A = H * sw[:, None]
             G = A.T @ A
-            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12)  # the prior counts as `ridge` average steps
+            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12)
             try:
-                th = np.linalg.solve(G + np.diag(lam), A.T @ b + lam * self._prior)
+                h = np.linalg.solve(G + np.diag(lam), A.T @ (e * sw))
             except np.linalg.LinAlgError:
-                return
-            th = np.maximum(th, 0.0)  # no negative floor, time per unit of work or per sequence
-            r = (y - X @ th) / y
-            s = 1.4826 * float(np.median(np.abs(r))) + 1e-3
-            u = np.abs(r) / s
-            if it == 0:
-                w = np.minimum(1.0, 1.345 / np.maximum(u, 1e-12))
-            else:
-                w = np.where(u < 4.685, (1 - (u / 4.685) ** 2) ** 2, 0.0)
-        if np.all(np.isfinite(th)):
-            self._theta = tuple(float(t) for t in th)
+                return None
+            w = _huber_weights((e - H @ h) / y, 0.01)
+        return h if np.all(np.isfinite(h)) else None
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -152,17 +282,21 @@ class ResidualTracker:
         def med_abs(col: int) -> float | None:
             return float(np.median(np.abs(a[:, col]))) if k else None
 
-        th = self._theta
+        s, h = self._scales, self._host
+        host_floor = None
+        if s is not None and k:
+            # what the lightest step in the window costs the host: its scaled host prior plus the additive floor
+            host_floor = 1e-3 * (float(s[3] * np.min(a[:, 3])) + (float(h[0]) if h is not None else 0.0))
         return {
             "n": self.n,
             "window": k,
             "median_abs_ratio_raw": med_abs(NF + 2),
             "median_abs_ratio_corrected": med_abs(NF + 3),
             "median_measured_over_predicted": self._ratio_median,
-            "host_floor_s": None if th is None else th[0] * 1e-3,
-            "scale_mm": None if th is None else th[1],
-            "scale_attn": None if th is None else th[2],
-            "per_decode_seq_s": None if th is None else th[3] * 1e-3,
-            "per_prefill_chunk_s": None if th is None else th[4] * 1e-3,
-            "fitted": th is not None,
+            "scales": None if s is None else {c: float(v) for c, v in zip(CLASSES, s, strict=True)},
+            "host_floor_s": host_floor,
+            "per_decode_seq_s": None if h is None else float(h[1]) * 1e-3,
+            "per_prefill_chunk_s": None if h is None else float(h[2]) * 1e-3,
+            "converged": self.converged,
+            "fitted": s is not None,
         }

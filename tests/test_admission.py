@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 
 import pytest
 
@@ -253,24 +252,22 @@ def test_violations_are_counted(predictor: Predictor) -> None:
 
 
 def test_decision_cost_is_a_handful_of_predictions(predictor: Predictor) -> None:
+    """Counted in predictions, not timed: the time a decision takes belongs to the benchmarks (bench/speed.py,
+    bench/admission.py), where it depends on the machine, not in a pass/fail test."""
     rng = random.Random(1)
     tracker = ResidualTracker()
     feed(tracker, predictor, 1.2, 0.001)
     c = AdmissionController(predictor, tracker, slo_s=0.040)
-    times, ratios = [], []
+    evals = []
     for _ in range(300):
         view = QueueView([rng.randint(100, 8000) for _ in range(rng.choice([0, 4, 32, 128]))],
                          [(rng.randint(100, 4000), rng.randint(0, 2000))] * rng.randint(0, 1),
                          [rng.randint(50, 4000) for _ in range(rng.randint(0, 20))], LIMIT_TOKENS, LIMIT_SEQS)
-        t0 = time.perf_counter()
         d = c.decide(view, rng.choice([0.7, 1.0]))
-        dt = time.perf_counter() - t0
         assert d.evaluations <= c.max_evaluations
-        times.append(dt)
-        ratios.append(dt / max(d.predicted_s, 1e-3))
-    # a handful of predictions: well under a millisecond on a busy 2-core machine, < 1 % of the step
-    assert statistics.median(times) < 1e-3
-    assert statistics.median(ratios) < 0.01
+        evals.append(d.evaluations)
+    assert c.fallbacks == 0  # a converged correction: no fallback
+    assert statistics.median(evals) <= 6  # random queues: the warm start rarely helps (a real queue: ~3)
 
 
 def test_bad_input(predictor: Predictor) -> None:
