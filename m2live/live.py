@@ -205,6 +205,8 @@ class LiveMonitor:
         from .hardware import get_gpu
 
         cfg = self.cfg
+        self._device_constants = None  # the CPU device's measured call costs and attention efficiencies
+        self.prior_check = None  # the CPU device: re-measure when the first steps disagree with it by > 3x
         source: ClockSource | None = clock_source
         why = f"{clock_source.name} (given)" if clock_source is not None else ""
         want = (cfg.gpu or "").strip()
@@ -223,9 +225,13 @@ class LiveMonitor:
         if not want and self.info.device == "cuda":
             raise ValueError(f"cannot tell which GPU this is (NVML: {nvml_error}); set M2LIVE_GPU")
         if not want or cpu_wanted:
-            from .cpu_device import cpu_device
+            from .cpu_device import PriorCheck, cpu_device, device_constants, machine_key
 
-            spec = cpu_device()
+            shape = get_model(cfg.model) if cfg.model else self.info.model_shape  # measured on its shapes
+            dtype = "fp32" if shape is not None and shape.dtype_bytes == 4 else "bf16"  # as vLLM resolved it
+            spec = cpu_device(model=shape, dtype=dtype, scale=cfg.device_scale)
+            self._device_constants = device_constants(shape, dtype, cfg.device_scale)
+            self.prior_check = PriorCheck(machine_key(dtype, shape), shape, dtype)
             if source is None:
                 try:
                     source = CpufreqClockSource()
@@ -233,7 +239,9 @@ class LiveMonitor:
                 except TelemetryError as e:
                     why = f"forecast (no clock telemetry: cpufreq unavailable: {e})"
         else:
-            spec = get_gpu(want)
+            from .cpu_device import scale_spec
+
+            spec = scale_spec(get_gpu(want), cfg.device_scale)  # the test-only knob (1: the datasheet)
             if source is None:
                 why = f"forecast (NVML unavailable: {nvml_error or 'not a CUDA engine'})"
         self.sampler = ClockSampler(source, period_s=cfg.sample_ms / 1000.0).start() if source else None
@@ -241,14 +249,6 @@ class LiveMonitor:
         self.clock_why = why
         return spec
 
-    def _local_index(self) -> int:
-        """NVML index of this engine's (first) GPU. NVML ignores CUDA_VISIBLE_DEVICES, so map through it;
-        without it, local data-parallel engine i drives GPUs i*tp .. i*tp+tp-1."""
-        import os
-
-        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        first = cvd.split(",")[0].strip() if cvd else ""
-        if first.isdigit():
     def _load_calibration(self) -> str:
         """M2LIVE_CALIBRATION: this GPU's own constants for the predictor (and so admission and exporters). A
         calibration of another GPU, or a broken file, is refused with one warning: the architecture's constants
@@ -268,6 +268,14 @@ class LiveMonitor:
         self._calibrated = cal.arch_constants()
         return cal.label()
 
+    def _local_index(self) -> int:
+        """NVML index of this engine's (first) GPU. NVML ignores CUDA_VISIBLE_DEVICES, so map through it;
+        without it, local data-parallel engine i drives GPUs i*tp .. i*tp+tp-1."""
+        import os
+
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        first = cvd.split(",")[0].strip() if cvd else ""
+        if first.isdigit():
             return int(first)
         return max(0, self.info.local_rank) * max(1, self.info.tp)
 
@@ -298,6 +306,7 @@ class LiveMonitor:
                 exp.start()
                 try:
                     exp.set_clock_source(self.clock_source_name)
+                    exp.set_calibration(self.calibration)
                 except Exception as e:  # noqa: BLE001
                     self._count_exporter_error("prometheus clock source", e)
                 self.prometheus = exp
@@ -306,7 +315,6 @@ class LiveMonitor:
                 self._count_exporter_error(f"prometheus exporter on {cfg.prom_host}:{cfg.prom_port}", e)
         if cfg.mqtt_url:
             try:
-                    exp.set_calibration(self.calibration)
                 from exporters.mqtt import MqttPublisher
 
                 pub = MqttPublisher(cfg.mqtt_url, cfg.mqtt_instance or f"m2live-{self.engine}",
@@ -405,6 +413,7 @@ class LiveMonitor:
             "clock_errors_total": float(self.sampler.errors if self.sampler is not None else 0),
             "unmatched_steps_total": float(self.unmatched),
             "records_dropped_total": float(self.records_dropped),
+            "admission_fallback_total": float(getattr(self.admission, "fallbacks", 0) if self.admission else 0),
             "control_changes_total": float(self.control_changes),
             "control_rejected_total": float(self.control_rejected + (getattr(mq, "control_rejected", 0)
                                                                      if mq is not None else 0)),
@@ -526,6 +535,8 @@ class LiveMonitor:
         while True:
             items = self._work.take(0.5, most=1)
             if not items:
+                if self.prior_check is not None and self.prior_check.remeasure_pending:
+                    self.prior_check.idle()  # no step for 0.5 s: the engine idles, measure the device again
                 if self._work.closed:
                     return
                 continue
@@ -555,6 +566,8 @@ class LiveMonitor:
         corrected = self.residuals.correct(pred, step)  # scored before learning from this step
         measured = p.measured
         self.residuals.update(step, pred, measured)
+        if self.prior_check is not None:
+            self.prior_check.observe(pred.total_s, measured)
         violation = None
         if self.admission is not None:
             violation = self.admission.observe(measured, p.slo_s) if p.slo_s is not None else None
