@@ -133,7 +133,7 @@ class _Server:
 class Mosquitto(_Server):
     """A Mosquitto 2 broker on 127.0.0.1; ``users={"name": "password"}`` turns on password authentication,
     ``acl="..."`` (the text of a Mosquitto ACL file, needs ``users``) restricts who may read/write which topics,
-    and ``log_subscriptions=True`` makes the broker log every SUBSCRIBE (``log()``)."""
+    and ``log_subscriptions=True`` makes the broker log every SUBSCRIBE (``subscriptions()``)."""
 
     name = "mosquitto"
 
