@@ -51,7 +51,8 @@ OVERHEAD_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 
 
 # Cumulative counters the exporter reads from ``counters()`` at scrape time (always exported, 0 by default).
 SCRAPE_COUNTERS = ("hook_errors_total", "mqtt_dropped_total", "slo_violations_total", "records_dropped_total",
-                   "control_changes_total", "control_rejected_total", "trace_dropped_total", "trace_errors_total")
+                   "control_changes_total", "control_rejected_total", "trace_dropped_total", "trace_errors_total",
+                   "admission_fallback_total")  # decisions that fell back to vLLM's own budget (admission.py)
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 Key = tuple[str, str, str]  # (engine, gpu, model)
