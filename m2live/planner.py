@@ -64,6 +64,7 @@ class PlanConfig:
     prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
     rank_by: str = "auto"  # auto | gpu | dollar | layout
     constants: dict[str, ArchConstants] = field(default_factory=dict)  # GPU name -> its calibration's constants
+    precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
 
     def __post_init__(self) -> None:
         if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):
@@ -76,6 +77,8 @@ class PlanConfig:
             raise PlanError(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction}")
         if self.clock not in ("forecast", "boost"):
             raise PlanError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
+        if self.precision not in ("bf16", "fp8"):
+            raise PlanError(f"precision must be bf16 or fp8, got {self.precision!r}")
         if self.rank_by not in ("auto", "gpu", "dollar", "layout"):
             raise PlanError(f"rank_by must be auto, gpu, dollar or layout, got {self.rank_by!r}")
         for g, p in self.prices.items():
@@ -84,15 +87,17 @@ class PlanConfig:
 
 
 # ---- memory -----------------------------------------------------------------------------------------------
-def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int) -> float:
+def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precision: str = "bf16") -> float:
     """Peak activation memory of one forward pass at the token budget, on one GPU (conservative: every
-    intermediate of one layer live at once) plus fp32 logits and probabilities for the sampled sequences."""
+    intermediate of one layer live at once) plus fp32 logits and probabilities for the sampled sequences.
+    Activations stay bf16 under fp8; the e4m3 copies of the four projections' inputs add 1 byte per element."""
     d = shard.dtype_bytes
     tp = shard.tp
     per_token = (2 * shard.hidden + (shard.heads_per_gpu + 2 * shard.kv_heads_per_gpu) * shard.head_dim
                  + shard.heads_per_gpu * shard.head_dim + 3 * shard.intermediate // tp)
+    quant = 2 * shard.hidden + shard.heads_per_gpu * shard.head_dim + shard.intermediate // tp
     logits = 2 * 4 * max_seqs * -(-shard.vocab // tp)
-    return float(d * max_tokens * per_token + logits)
+    return float(d * max_tokens * per_token + (max_tokens * quant if precision == "fp8" else 0) + logits)
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,7 @@ class MemoryFit:
 def weight_bytes(shard: ModelShape, precision: str = "bf16") -> float:
     """Weights on one GPU; under fp8 (W8A8) the four projections hold 1 byte per weight, the embeddings, the
     LM head and the norms stay bf16."""
-    w = float(shard.weight_bytes())
-    if precision == "fp8":
-        w -= shard.layers * sum(n * k for n, k in shard.gemms().values()) * (shard.dtype_bytes - 1)
-    return w
+    return float(shard.weight_bytes(precision))
 
 
 def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanConfig,
@@ -131,7 +133,7 @@ def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanC
     total = gpu.mem_bytes
     reserve = total * cfg.reserve_fraction + cfg.reserve_bytes
     weights = weight_bytes(shard, precision)
-    act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs)
+    act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs, precision)
     kv = total - reserve - weights - act
     per_tok = shard.kv_bytes_per_token()
     kv_tokens = max(0, int(kv // per_tok))
@@ -184,9 +186,9 @@ class LayoutModel:
 
     def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
         self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
-        self.pred = Predictor(gpu, model, tp=tp, constants=cfg.constants.get(gpu.name))
+        self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, constants=cfg.constants.get(gpu.name))
         self.shard = self.pred.model
-        self.mem = memory_fit(gpu, self.shard, stats, cfg)
+        self.mem = memory_fit(gpu, self.shard, stats, cfg, cfg.precision)
         self.ratio = stats.prefill_per_decode
         self.p_attn = max(1, round(stats.prompt_attn))
         self.ctx = max(1, round(stats.decode_ctx))
@@ -379,6 +381,10 @@ def evaluate_layout(gpu: GpuSpec, model: ModelShape, tp: int, wl: Workload, cfg:
     """Memory fit, operating point under the SLO, throughput, bounds and representative steps of a layout."""
     gpu = get_gpu(gpu)
     stats = wl.stats()
+    if cfg.precision == "fp8" and gpu.fp8_tflops is None:
+        why = f"{gpu.name} has no fp8 tensor cores (fp8 weights need Ada, Hopper or Blackwell)"
+        return LayoutResult(gpu.name, tp, MemoryFit(gpu.mem_bytes, 0, 0, 0, 0, 0, 0, 0, False, why),
+                            fits=False, reason=why)
     try:
         lm = LayoutModel(gpu, model, tp, stats, cfg)
     except ModelShapeError as e:
@@ -454,12 +460,13 @@ class Ranking:
         c = self.config
         return {
             "model": {"name": self.model.name, "params": self.model.param_count(),
-                      "weight_bytes": self.model.weight_bytes(), "layers": self.model.layers},
+                      "weight_bytes": self.model.weight_bytes(c.precision), "layers": self.model.layers},
             "workload": self.workload.to_dict(),
             "slo_ms": None if c.slo_s is None else c.slo_s * 1e3,
             "rank_by": self.rank_by,
             "assumptions": {
-                "clock": c.clock, "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
+                "clock": c.clock, "precision": c.precision,
+                "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
                 "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": c.reserve_bytes / GIB,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",

@@ -312,6 +312,10 @@ class Predictor:
                                            + 3 * m.intermediate // tp + 4 * kv * hd)
         self._light_kernels = 5
         self._extra_kernels = 0
+        if m.qk_norm:  # Qwen3: RMSNorm of each q and k head before RoPE (vLLM's q_norm, k_norm): read + write q, k
+            self._light_bytes_per_token += d * 2 * (m.heads_per_gpu + kv) * hd
+            self._extra_kernels += 2
+            self._light_kernels += 2
         if dtype == "fp8":
             # vLLM quantises each projection's input to e4m3 before its scaled-mm (QuantFP8 -> scaled_fp8_quant):
             # read bf16, write fp8 = 3 B per element, one kernel per projection; a dynamic per-tensor scale reads

@@ -1,4 +1,5 @@
-"""Model shapes: a Llama-style decoder (GQA, gated MLP, tied or untied LM head) from a HF config or a preset."""
+"""Model shapes: a Llama-style decoder (GQA, gated MLP, tied or untied LM head; Qwen3's per-head q/k RMSNorm and
+explicit head_dim) from a HF config or a preset."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ DECODER_ARCHS = {
     "GemmaForCausalLM", "Phi3ForCausalLM", "InternLM2ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
     "Olmo2ForCausalLM", "OlmoForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM",
 }
+# HF ``model_type`` values whose layers are that dense decoder (a config naming another one is refused: mixture-
+# of-experts, state-space and multi-latent-attention models have other operators). Qwen3 adds a per-head
+# RMSNorm on q and k before RoPE and states head_dim explicitly (Qwen3-32B: 64 x 128 = 8192 != hidden 5120).
+DENSE_MODEL_TYPES = {
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "internlm2", "granite", "cohere", "olmo",
+    "olmo2", "stablelm", "starcoder2",
+}
+QK_NORM_MODEL_TYPES = {"qwen3"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,7 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     dtype_bytes: int = 2  # bf16 weights and activations
     tp: int = 1  # tensor-parallel degree this shape is sharded for
 
@@ -65,15 +75,19 @@ class ModelShape:
         return (-(-self.vocab // self.tp), self.hidden)
 
     # --- sizes -------------------------------------------------------------------------------------
-    def layer_weight_bytes(self) -> int:
-        return sum(n * k for n, k in self.gemms().values()) * self.dtype_bytes
+    def layer_weight_bytes(self, precision: str = "bf16") -> int:
+        """The four projections' weights of one layer on one GPU: 1 byte each under fp8 (W8A8), else bf16."""
+        return sum(n * k for n, k in self.gemms().values()) * (1 if precision == "fp8" else self.dtype_bytes)
 
-    def weight_bytes(self) -> int:
-        """Weights resident on one GPU: layers + embedding + (untied) LM head shard."""
+    def weight_bytes(self, precision: str = "bf16") -> int:
+        """Weights resident on one GPU: layers + embedding + (untied) LM head shard + norms. Under fp8 only the
+        projections hold 1 byte per weight: vLLM keeps the embedding, the LM head and the norms in bf16."""
         emb = self.vocab * self.hidden * self.dtype_bytes // self.tp
         head = 0 if self.tied_embeddings else emb
         norms = (2 * self.layers + 1) * self.hidden * self.dtype_bytes
-        return self.layers * self.layer_weight_bytes() + emb + head + norms
+        if self.qk_norm:
+            norms += 2 * self.layers * self.head_dim * self.dtype_bytes  # q_norm and k_norm: one head_dim each
+        return self.layers * self.layer_weight_bytes(precision) + emb + head + norms
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token on one GPU, all layers (K and V)."""
@@ -103,6 +117,10 @@ class ModelShape:
         if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers keep the LM inside
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
         archs = cfg.get("architectures") or []
+        model_type = cfg.get("model_type")
+        if model_type is not None and model_type not in DENSE_MODEL_TYPES:
+            raise ModelShapeError(f"{name}: model_type {model_type!r} is not a supported dense decoder (one of "
+                                  f"{', '.join(sorted(DENSE_MODEL_TYPES))})")
         if cfg.get("is_encoder_decoder") or (archs and not any(a in DECODER_ARCHS or a.endswith("ForCausalLM")
                                                                 for a in archs)):
             raise ModelShapeError(f"{name}: not a decoder-only causal LM (architectures={archs})")
@@ -134,6 +152,7 @@ class ModelShape:
             vocab=pos_int("vocab_size", cfg["vocab_size"]),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
+            qk_norm=model_type in QK_NORM_MODEL_TYPES or "Qwen3ForCausalLM" in archs,
         )
 
     @classmethod
@@ -161,6 +180,9 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256),
         ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True),
         ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768),
+        # Qwen3 (config.json of Qwen/Qwen3-8B and Qwen/Qwen3-32B: head_dim 128 given explicitly, untied LM head)
+        ModelShape("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True),
+        ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True),
     )
 }
 

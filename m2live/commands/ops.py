@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights always come from DRAM (serving); default models L2 re-reads of a benchmark loop")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
                                                           "refused for rows of another GPU")
+    p.add_argument("--dtype", choices=("bf16", "fp8"),
+                   help="GEMM precision of the table's rows (default: from the file name — *_fp8.csv is fp8, "
+                        "vLLM's W8A8 linear layer with its input quantisation; anything else bf16)")
 
 
 def load_calibration(path: str | None) -> Calibration | None:
@@ -48,7 +51,7 @@ def parse_clock(value: str) -> str | float:
 
 
 def run(args: argparse.Namespace) -> int:
-    table = read_table(args.file)
+    table = read_table(args.file, args.dtype)
     if not table.rows:
         raise ValueError(f"{args.file}: no rows to predict (the table has a header only)")
     rp = RowPredictor(args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
                                                           "refused for another GPU")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: "
+                        "the fp8 tensor peak, 1 byte per weight, the input quantisation as a light op; "
+                        "attention, the KV cache and the LM head stay bf16)")
     p.add_argument("--json", action="store_true")
 
 
@@ -81,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
-    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu))
+    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu),
+                          dtype=args.precision)
     if clock_mhz is not None:
         r = p.predict(step, clock_mhz=clock_mhz)
     else:
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     c = Console(width=120)
-    t = Table(title=f"{p.model.name} on {p.gpu.name} (TP={p.tp}): {step.num_prefill_tokens} prefill + "
+    t = Table(title=f"{p.model.name} on {p.gpu.name} (TP={p.tp}, {p.dtype}): {step.num_prefill_tokens} prefill + "
                     f"{step.num_decode_tokens} decode tokens, {step.num_seqs} sequences")
     for col in ("op", "time ms", "share", "bound", "eta_wave", "eta_active", "eta_duty", "eta_mem"):
         t.add_column(col, justify="left" if col in ("op", "bound") else "right")

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gpu: generated tokens/s per GPU; dollar: tokens per $; layout: tokens/s per replica")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock for the predictions (default: forecast from the power cap)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; "
+                        "attention and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded)")
     p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")
     p.add_argument("--max-batched-tokens", default="8192", help="vLLM max_num_batched_tokens (default 8192)")
     p.add_argument("--top", default="0", help="show only the best N layouts in the table (default: all)")
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = PlanConfig(slo_s=parse_slo(args.slo_ms), max_num_seqs=_pos_int(args.max_seqs, "--max-seqs"),
                      max_batched_tokens=_pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                      clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
-                     constants=calibrated_constants(args.calibration, gpus))
+                     constants=calibrated_constants(args.calibration, gpus), precision=args.precision)
     top = _nonneg_int(args.top, "--top")
     if args.plot and not str(args.plot).lower().endswith(".png"):
         raise PlanError(f"--plot {args.plot!r}: give a .png file name")
@@ -158,6 +161,7 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
             f"{r.workload.describe()}")
     c.print(f"  mean prompt {st.mean_prompt:.0f}, mean output {st.mean_output:.0f}, decode context "
             f"{st.decode_ctx:.0f}, p99 request {st.total_p['p99']:.0f} tokens; SLO {slo}; clock {cfg.clock}; "
+            f"{cfg.precision} weights; "
             f"max_num_seqs {cfg.max_num_seqs}, token budget {cfg.max_batched_tokens}")
     metric = {"gpu": "out tok/s per GPU", "dollar": "out tokens per $", "layout": "out tok/s per replica"}
     t = Table(title=f"ranking by {metric[r.rank_by]}")

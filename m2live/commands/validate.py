@@ -19,12 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
                                                           "refused for tables of another GPU")
+    p.add_argument("--dtype", choices=("bf16", "fp8"),
+                   help="GEMM precision of every table (default: each file's from its name — *_fp8.csv is fp8, "
+                        "vLLM's W8A8 linear layer with its input quantisation, as in opbench_fp8; else bf16)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace) -> int:
     results = score_directory(args.directory, gpu=args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,
-                               calibration=load_calibration(args.calibration))
+                               calibration=load_calibration(args.calibration), dtype=args.dtype)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("GPU", "kind", "region", "rows", "MAPE %", "median APE %", "bias %"):
         t.add_column(col, justify="right" if col[0].isupper() and col != "GPU" else "left")
     for r in results:
-        t.add_row(r["gpu"], r["kind"], "N,K∈[1k,16k]" if r["region"] == "core" and r["kind"] == "gemm"
+        t.add_row(r["gpu"], r["kind"] + (" fp8" if r.get("dtype") == "fp8" else ""), "N,K∈[1k,16k]" if r["region"] == "core" and r["kind"] == "gemm"
                   else ("head_dim 128" if r["region"] == "core" else "all rows"),
                   str(r["rows"]), f"{r['mape']:.2f}", f"{r['median_ape']:.2f}", f"{r['bias']:+.2f}")
     Console(width=120).print(t)
