@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from accuracy_fp8 import score_fp8  # noqa: E402  (the "fp8" section: opbench_fp8 GEMMs)
+
 from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, forecast_clock_ratio, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
@@ -165,6 +167,7 @@ def main() -> int:
         "calibration": score_calibration(),
         "vidur_validation": score_vidur(),
         "gemm_loo_attribution": loo_attribution(),
+        "fp8": score_fp8(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
