@@ -1,0 +1,294 @@
+"""Calibrated mode: the plan, the fit, the calibration file, and --calibration / M2LIVE_CALIBRATION everywhere."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MODELS, OPBENCH, free_port
+
+from m2live import calibrate as cal
+from m2live.efficiency import ArchConstants, constants_for
+from m2live.hardware import get_gpu
+from m2live.validate import in_core_region
+
+M2 = [sys.executable, "-m", "m2live"]
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+def synthetic_rows(gpu: str, truth: ArchConstants, kinds=cal.KINDS) -> list[cal.Row]:
+    """The default plan's rows of ``gpu`` with latencies predicted by ``truth`` (known constants)."""
+    rows = [cal.Row(k, r) for k in kinds for r in cal.plan(gpu, k)]
+    ms = cal.predict_rows(get_gpu(gpu), truth, rows)
+    return [replace(r, ms=float(m)) for r, m in zip(rows, ms, strict=True)]
+
+
+def write_tables(d: Path, rows: list[cal.Row], device: str = H100) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for k in cal.KINDS:
+        sub = [r for r in rows if r.kind == k]
+        if not sub:
+            continue
+        with open(d / cal.FILES[k], "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["device", *cal.SHAPE_COLS[k], "latency_ms"])
+            w.writeheader()
+            for r in sub:
+                w.writerow({"device": device, **r.cells, "latency_ms": f"{r.ms:.8g}"})
+    return d
+
+
+TRUTH_SCALE = {"eta_tc": 0.92, "eta_mem": 0.9, "t_kernel": 1.4, "t_attn": 1.1, "eta_attn": 0.9, "eta_attn_mem": 0.93}
+
+
+@pytest.fixture(scope="module")
+def truth() -> ArchConstants:
+    prior = constants_for(get_gpu(H100))
+    return replace(prior, **{n: getattr(prior, n) * s for n, s in TRUTH_SCALE.items()})
+
+
+@pytest.fixture(scope="module")
+def cal_file(tmp_path_factory, truth) -> Path:
+    d = write_tables(tmp_path_factory.mktemp("meas") / "h100", synthetic_rows(H100, truth))
+    out = d.parent / "h100.json"
+    p = run("calibrate", "fit", str(d), "--gpu", "h100-sxm", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------
+def test_plan_is_deterministic_within_budget_and_on_the_grid():
+    grid = {k: {cal.shape_key(k, r) for r in cal.grid_rows(k)} for k in cal.KINDS}
+    for k in cal.KINDS:
+        a = cal.plan(H100, k)
+        cal._plan_order.cache_clear()  # a fresh design, not the memoised one
+        b = cal.plan(H100, k)
+        assert a == b and len(a) == cal.DEFAULT_BUDGET[k]
+        assert len({cal.shape_key(k, r) for r in a}) == len(a)  # no shape twice
+        assert all(cal.shape_key(k, r) in grid[k] for r in a)
+        kind = {"gemm": "gemm", "prefill": "prefill_attention", "decode": "decode_attention"}[k]
+        assert all(in_core_region(kind, r) for r in a)
+        assert all((int(r["step"]) == 0) == (k == "prefill") for r in a) if k != "gemm" else True
+        assert cal.plan(H100, k, 5) == a[:5]  # a smaller budget is a prefix
+
+
+def test_plan_covers_every_gemm_regime():
+    om = cal.OpModel(get_gpu(H100))
+    regimes = {cal.regime(om, "gemm", r) for r in cal.plan(H100, "gemm")}
+    assert {"memory", "ridge", "compute"} <= regimes
+
+
+def test_plan_depends_on_the_gpu():
+    assert cal.plan(H100, "gemm") != cal.plan("NVIDIA A100-SXM4-80GB", "gemm")
+
+
+def test_plan_cli_writes_the_opbench_shape_columns(tmp_path):
+    out = tmp_path / "plan.csv"
+    p = run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "decode", "--budget", "7", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 7 and list(rows[0]) == [*cal.SHAPE_COLS["decode"], "device"]
+    assert all(r["device"] == H100 and int(r["step"]) >= 1 for r in rows)
+    p = run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "gemm", "--budget", "3")
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "m,n,k,device" and len(p.stdout.splitlines()) == 4
+
+
+def test_grid_ships_shape_columns_only():
+    import gzip
+
+    doc = json.loads(gzip.open(cal.GRID_FILE, "rt").read())
+    assert doc["gemm"]["columns"] == ["m", "n", "k"]
+    assert doc["decode"]["columns"] == list(cal.SHAPE_COLS["decode"])
+    assert "latency_ms" not in json.dumps(doc)
+
+
+# ---- the fit -----------------------------------------------------------------------------------------------
+def test_fit_recovers_known_constants_from_synthesised_rows(truth):
+    gpu = get_gpu(H100)
+    rows = synthetic_rows(H100, truth)
+    fitted = cal.fit_constants(gpu, rows)
+    for n in TRUTH_SCALE:
+        assert fitted[n] == pytest.approx(getattr(truth, n), rel=0.03), n
+    # and it predicts shapes it never saw: 400 other grid shapes of each kind, as the truth does
+    c = replace(constants_for(gpu), **fitted)
+    for k in cal.KINDS:
+        others = [cal.Row(k, r) for r in cal.grid_rows(k)[::7][:400]]
+        t, f = cal.predict_rows(gpu, truth, others), cal.predict_rows(gpu, c, others)
+        assert 100 * np.mean(np.abs(f - t) / t) < 1.0, k
+
+
+def test_constants_the_rows_cannot_see_stay_at_their_prior(truth):
+    gpu = get_gpu(H100)
+    fitted = cal.fit_constants(gpu, synthetic_rows(H100, truth, kinds=("gemm",)))
+    assert set(fitted) <= set(cal.CALIBRATED["gemm"])  # only GEMM rows: attention constants are not touched
+
+
+@pytest.mark.parametrize("folder", ["h100_sxm", "a100_sxm"])
+def test_calibration_never_worsens_the_rows_it_was_fitted_on(folder):
+    tables = [OPBENCH / folder / cal.FILES[k] for k in cal.KINDS]
+    rows = cal.rows_from_tables(tables)
+    gpu = get_gpu(cal.read_table(tables[0]).rows[0]["device"])
+    by = {(r.kind, cal.shape_key(r.kind, r.cells)): r for r in rows}
+    picked = [by[(k, cal.shape_key(k, p))] for k in cal.KINDS for p in cal.plan(gpu.name, k)
+              if (k, cal.shape_key(k, p)) in by]
+    c = cal.fit(None, gpu.name, rows=picked)
+    for k, v in c.residual.items():
+        assert v["mape_fitted"] <= v["mape_prior"], (k, v)
+    assert sum(v["mape_fitted"] for v in c.residual.values()) < sum(v["mape_prior"] for v in c.residual.values())
+
+
+def test_calibration_file_round_trips_and_names_its_contents(cal_file):
+    doc = json.loads(cal_file.read_text())
+    assert doc["schema"] == cal.SCHEMA and doc["gpu"] == H100 and doc["arch"] == "hopper"
+    assert doc["m2live_version"] and doc["created"]
+    assert doc["rows"] == cal.DEFAULT_BUDGET
+    assert set(doc["residual"]) == set(cal.KINDS)
+    for n, v in doc["constants"].items():
+        assert n in cal.ALL_CALIBRATED and v["prior"] > 0 and v["fitted"] > 0
+    c = cal.load(cal_file)
+    assert c.arch_constants().eta_tc == pytest.approx(doc["constants"]["eta_tc"]["fitted"])
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------
+def test_fit_bad_inputs_are_one_line_exit_2(tmp_path, truth):
+    rows = synthetic_rows(H100, truth, kinds=("gemm",))
+    out = str(tmp_path / "c.json")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "none of" in one_line_error(run("calibrate", "fit", str(empty), "--gpu", "h100-sxm", "-o", out))
+    few = write_tables(tmp_path / "few", rows[:3])
+    assert "at least" in one_line_error(run("calibrate", "fit", str(few), "--gpu", "h100-sxm", "-o", out))
+    other = write_tables(tmp_path / "other", rows, device="NVIDIA A100-SXM4-80GB")
+    assert "A100" in one_line_error(run("calibrate", "fit", str(other), "--gpu", "h100-sxm", "-o", out))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "gemm_bf16.csv").write_text("m,n,k,latency_ms\n1,2,x,0.1\n")
+    one_line_error(run("calibrate", "fit", str(bad), "--gpu", "h100-sxm", "-o", out))
+    nolat = tmp_path / "nolat"
+    nolat.mkdir()
+    (nolat / "gemm_bf16.csv").write_text("m,n,k\n1,1024,1024\n")
+    assert "latency_ms" in one_line_error(run("calibrate", "fit", str(nolat), "--gpu", "h100-sxm", "-o", out))
+    good = write_tables(tmp_path / "good", rows)
+    assert "unknown GPU" in one_line_error(run("calibrate", "fit", str(good), "--gpu", "no-such-gpu", "-o", out))
+    one_line_error(run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "gemm", "--budget", "0"))
+    one_line_error(run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "attention"))
+
+
+def test_broken_calibration_files_are_refused(tmp_path, cal_file):
+    table = tmp_path / "g.csv"
+    table.write_text("m,n,k\n16,4096,4096\n")
+    for text in ("not json", "[]", json.dumps({"schema": "other/9"}),
+                 json.dumps({**json.loads(cal_file.read_text()), "gpu": "no-such-gpu"}),
+                 json.dumps({**json.loads(cal_file.read_text()), "constants": {"eta_tc": {"prior": 1}}})):
+        f = tmp_path / "c.json"
+        f.write_text(text)
+        one_line_error(run("ops", str(table), "--gpu", "h100-sxm", "--calibration", str(f)))
+    one_line_error(run("ops", str(table), "--gpu", "h100-sxm", "--calibration", str(tmp_path / "missing.json")))
+
+
+# ---- --calibration on the commands -------------------------------------------------------------------------
+def test_calibration_changes_ops_and_validate_and_is_refused_for_another_gpu(tmp_path, cal_file, truth):
+    src = tmp_path / "g.csv"
+    src.write_text("m,n,k\n1,8192,8192\n8192,8192,8192\n")
+    base, calib = run("ops", str(src), "--gpu", "h100-sxm"), run("ops", str(src), "--gpu", "h100-sxm",
+                                                                   "--calibration", str(cal_file))
+    assert base.returncode == 0 and calib.returncode == 0, calib.stderr
+    want = cal.predict_rows(get_gpu(H100), truth, [cal.Row("gemm", {"m": "1", "n": "8192", "k": "8192"}),
+                                                   cal.Row("gemm", {"m": "8192", "n": "8192", "k": "8192"})])
+    got = [float(line.split(",")[-1]) for line in calib.stdout.splitlines()[1:]]
+    assert got == pytest.approx(list(want), rel=0.02)  # the calibrated model is the truth it was fitted on
+    assert got != [float(line.split(",")[-1]) for line in base.stdout.splitlines()[1:]]
+    assert "not NVIDIA A100" in one_line_error(run("ops", str(src), "--gpu", "a100-80gb", "--calibration",
+                                                   str(cal_file)))
+    v = run("validate", str(OPBENCH / "h100_sxm"), "--calibration", str(cal_file), "--json")
+    assert v.returncode == 0, v.stderr
+    assert all(r["gpu"] == H100 for r in json.loads(v.stdout))
+    one_line_error(run("validate", str(OPBENCH / "a100_sxm"), "--calibration", str(cal_file)))
+
+
+def test_calibration_on_predict_and_rank(cal_file):
+    args = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B", "--decode", "1000x64",
+            "--clock", "boost", "--json"]
+    a, b = run(*args), run(*args, "--calibration", str(cal_file))
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    # eta_mem 0.9x and a 1.4x kernel latency: the decode step is slower under this calibration
+    assert json.loads(b.stdout)["total_s"] > json.loads(a.stdout)["total_s"]
+    assert "not NVIDIA A100" in one_line_error(run("predict", "--gpu", "a100-80gb", "--model",
+                                                   "meta-llama/Llama-3.1-8B", "--decode", "1000",
+                                                   "--calibration", str(cal_file)))
+    rank = ["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat", "--tp", "1", "--json"]
+    a = run(*rank, "--gpus", "h100-sxm,a100-80gb")
+    b = run(*rank, "--gpus", "h100-sxm,a100-80gb", "--calibration", str(cal_file))
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout != b.stdout
+    assert "not among" in one_line_error(run(*rank, "--gpus", "a100-80gb", "--calibration", str(cal_file)))
+
+
+# ---- the plugin --------------------------------------------------------------------------------------------
+def _monitor(env: dict):
+    from m2live.config import M2liveConfig
+    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.shapes import get_model
+
+    cfg = M2liveConfig.from_env({"M2LIVE_PROM_PORT": str(free_port()), **env})
+    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"), step_of=lambda s, o: None)
+
+
+def test_plugin_predicts_with_its_gpus_calibration_and_says_which(cal_file, truth):
+    mon = _monitor({"M2LIVE_GPU": H100, "M2LIVE_CALIBRATION": str(cal_file)})
+    try:
+        assert mon.predictor.ops.c.eta_mem == pytest.approx(truth.eta_mem, rel=0.03)
+        assert cal_file.name in mon.calibration
+        reg = mon.prometheus.registry
+        labels = {"engine": mon.engine, "gpu": H100, "model": mon.model_label, "calibration": mon.calibration}
+        assert reg.get_sample_value("m2live_calibration_info", labels) == 1.0
+    finally:
+        mon.close()
+
+
+def test_plugin_refuses_another_gpus_calibration(cal_file, caplog):
+    mon = _monitor({"M2LIVE_GPU": "NVIDIA A100-SXM4-80GB", "M2LIVE_CALIBRATION": str(cal_file)})
+    try:
+        assert mon.calibration == "none"
+        assert mon.predictor.ops.c == constants_for(get_gpu("NVIDIA A100-SXM4-80GB"))
+        assert any("refused" in r.getMessage() for r in caplog.records)
+    finally:
+        mon.close()
+
+
+def test_config_rejects_a_broken_calibration_file(tmp_path):
+    from m2live.config import ConfigError, M2liveConfig
+
+    with pytest.raises(ConfigError, match="M2LIVE_CALIBRATION"):
+        M2liveConfig.from_env({"M2LIVE_CALIBRATION": str(tmp_path / "missing.json")})
+
+
+# ---- on the GPU: the whole pipeline, dry run on the CPU ----------------------------------------------------
+def test_probe_calibrate_dry_run_end_to_end(tmp_path):
+    out = tmp_path / "probe"
+    p = run("probe", "--calibrate", "--dry-run", "--out", str(out), timeout=600)
+    assert p.returncode == 0, p.stderr + p.stdout
+    for k in cal.KINDS:
+        rows = list(csv.DictReader((out / cal.FILES[k]).open()))
+        assert len(rows) == cal.DEFAULT_BUDGET[k] and all(float(r["latency_ms"]) > 0 for r in rows)
+    c = cal.load(out / "calibration.json")
+    assert c.gpu == H100 and c.rows == cal.DEFAULT_BUDGET
+    src = out / cal.FILES["gemm"]
+    assert run("ops", str(src), "--calibration", str(out / "calibration.json")).returncode == 0
