@@ -290,6 +290,7 @@ class LayoutResult:
     curve: list[dict] = field(default_factory=list)  # throughput vs SLO
     replay: dict | None = None
     fleet: dict | None = None
+    serving: dict | None = None  # the operating point served as vLLM's benchmark would see it (simulate.py)
     rank: int | None = None
     score: float | None = None
 
@@ -323,6 +324,7 @@ class LayoutResult:
             "output_tokens_per_dollar": self.output_tokens_per_dollar,
             "bound": self.bound, "bound_shares": self.bound_shares,
             "steps": self.steps, "slo_curve": self.curve, "trace_replay": self.replay, "fleet": self.fleet,
+            "serving": self.serving,
         })
         return d
 
@@ -352,6 +354,44 @@ def representative_steps(lm: LayoutModel) -> list[dict]:
         s = Step.build([(chunk, 0)], [lm.ctx] * b)
         out.append(_step_entry(f"prefill {chunk} + decode {b}x@{lm.ctx}", s, lm.predict(s)))
     return out
+
+
+SERVING_PROMPTS_PER_SLOT = 3  # simulated requests per request in flight: the first wave, then steady state
+SERVING_SEARCH_STEPS = 4  # concurrency reductions tried when the simulated TPOT misses the SLO
+
+
+def serving_point(lm: LayoutModel, wl: Workload, concurrency: int, slo_s: float | None) -> dict:
+    """The layout served the way vLLM serves it: ``m2live.simulate``'s closed loop at ``concurrency`` requests
+    in flight (the steady-state decode batch as the first guess), requests drawn from the workload (seed 0),
+    every step timed by this layout's predictor. Under an SLO the concurrency is lowered until the simulated
+    mean TPOT (the mean inter-token latency) meets it. Throughput is the simulator's steady state (after the
+    first wave, before the drain)."""
+    import numpy as np
+
+    from .simulate import ServingConfig, simulate
+
+    c = max(1, concurrency)
+    rng = np.random.default_rng(0)
+    n = max(8, SERVING_PROMPTS_PER_SLOT * c)
+    prompts, outputs = wl.prompt.sample(rng, n), wl.output.sample(rng, n)
+    cfg = lm.cfg
+    tried = []
+    for _ in range(SERVING_SEARCH_STEPS + 1):
+        scfg = ServingConfig(concurrency=c, num_prompts=max(8, SERVING_PROMPTS_PER_SLOT * c),
+                             max_num_batched_tokens=cfg.max_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+                             kv_tokens=max(1, lm.mem.kv_tokens), clock=cfg.clock)
+        r = simulate(lm.pred.model, lm.gpu, lm.tp, prompts, outputs, scfg, precision=cfg.precision,
+                     predictor=lm.pred)
+        tried.append(c)
+        meets = slo_s is None or r.tpot_ms <= slo_s * 1e3
+        if meets or c == 1:
+            break
+        c = max(1, min(c - 1, int(c * 0.9 * slo_s * 1e3 / r.tpot_ms)))
+    return {"concurrency": c, "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms,
+            "output_tokens_per_s": r.steady_output_tokens_per_s,
+            "benchmark_output_tokens_per_s": r.output_tokens_per_s, "num_prompts": r.requests,
+            "meets_slo": bool(meets), "concurrency_tried": tried, "preemptions": r.steps["preemptions"],
+            "mean_tokens_per_step": r.steps["mean_tokens_per_step"]}
 
 
 def trace_replay(lm: LayoutModel, wl: Workload, slo_s: float | None) -> dict:
@@ -428,6 +468,9 @@ def evaluate_layout(gpu: GpuSpec, model: ModelShape, tp: int, wl: Workload, cfg:
         res.tokens_per_s = step.num_tokens / t
         res.bound_shares = bound_shares(p)
         res.bound = dominant_bound(res.bound_shares)
+        res.serving = serving_point(lm, wl, b, slo)
+        res.output_tokens_per_s = res.serving["output_tokens_per_s"]
+        res.tokens_per_s = res.output_tokens_per_s * (1.0 + stats.prefill_per_decode)
         if slo is not None:
             res.chunk_budget = lm.chunk_budget(b, slo)
         if wl.rate:
@@ -470,6 +513,8 @@ class Ranking:
                 "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": c.reserve_bytes / GIB,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",
+                "serving": "throughput, TTFT and TPOT from m2live.simulate (vLLM V1's scheduler, closed loop at "
+                           "the operating point's concurrency, lowered until the simulated TPOT meets the SLO)",
             },
             "prices": dict(c.prices),
             "ranking": [r.to_dict() for r in self.layouts],

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .hardware import GpuSpec, get_gpu
-from .predictor import HostConstants, Predictor
+from .predictor import HostConstants, Prediction, Predictor
 from .shapes import ModelShape, get_model
 from .step import Step
 
@@ -129,6 +129,7 @@ class ServingResult:
     requests: int
     duration_s: float
     mean_e2el_ms: float
+    steady_output_tokens_per_s: float  # between the first wave's end and the last request sent
     assumptions: dict
     memory: dict
     steps: dict
@@ -138,7 +139,33 @@ class ServingResult:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "output_tokens_per_s": self.output_tokens_per_s, "requests": self.requests,
                 "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
+                "steady_output_tokens_per_s": self.steady_output_tokens_per_s,
                 "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
+
+
+class BatchStep(Step):
+    """A Step built from its prefill chunks and decode contexts directly (the simulator's steps hold up to
+    ~1000 decodes; the predictor reads only the two lists and the counts): ``seqs`` is materialised on demand."""
+
+    def __init__(self, prefills: list[tuple[int, int]], decodes: list[int]) -> None:  # noqa: D107
+        object.__setattr__(self, "_pre", prefills)
+        object.__setattr__(self, "_dec", decodes)
+        object.__setattr__(self, "_tokens", sum(n for n, _ in prefills) + len(decodes))
+        object.__setattr__(self, "prefill", None)
+
+    @property
+    def seqs(self) -> tuple[tuple[int, int], ...]:  # type: ignore[override]
+        return tuple(self._pre) + tuple((1, c) for c in self._dec)  # type: ignore[attr-defined]
+
+    def is_prefill(self, i: int) -> bool:
+        return i < len(self._pre)  # type: ignore[attr-defined]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self._pre) + len(self._dec)  # type: ignore[attr-defined]
+
+    def __len__(self) -> int:
+        return self.num_seqs
 
 
 # ---- step timing --------------------------------------------------------------------------------------------
@@ -146,10 +173,12 @@ class StepTimer:
     """Seconds per engine step from the predictor, cached per step shape (decode contexts enter the
     predictor only through their count and sum, prefill chunks one by one)."""
 
-    def __init__(self, pred: Predictor, clock: str = "forecast", async_scheduling: bool = False):
+    def __init__(self, pred: Predictor, clock: str = "forecast", async_scheduling: bool = False,
+                 correct: Callable[[Prediction, Step], float] | None = None):
         self.pred = pred
         self.clock = clock
         self.async_scheduling = async_scheduling
+        self.correct = correct  # e.g. ResidualTracker.correct: a measured engine's calibrated step times
         self._cache: dict[tuple, float] = {}
         self.predictions = 0
 
@@ -158,9 +187,7 @@ class StepTimer:
         if n_dec:
             base, extra = divmod(int(dec_ctx), n_dec)
             decs = [max(1, base + 1)] * extra + [max(1, base)] * (n_dec - extra)
-        seqs = tuple(prefills) + tuple((1, c) for c in decs)
-        flags = (True,) * len(prefills) + (False,) * n_dec
-        return Step.trusted(seqs, flags)
+        return BatchStep(list(prefills), decs)
 
     def __call__(self, prefills: tuple[tuple[int, int], ...], n_dec: int, dec_ctx: int) -> float:
         # decode contexts bucketed to 1/256 of their mean (< 0.5 % of the attention time): keeps the cache small
@@ -176,6 +203,8 @@ class StepTimer:
         self.predictions += 1
         f = 1.0 if self.clock == "boost" else self.pred.forecast_f_clk(step)
         p = self.pred.predict_fast(step, f)
+        if self.correct is not None:
+            return self.correct(p, step)
         if not self.async_scheduling:
             return p.total_s
         device = p.total_s - p.ops["host"] - p.ops["sampling"]
@@ -266,12 +295,60 @@ class Engine:
         self.st.preemptions += 1
 
     # one step of Scheduler.schedule()
-    def schedule(self) -> list[tuple[int, int]]:
-        """[(request, tokens)] scheduled this step, in vLLM's order; updates KV blocks, running, waiting."""
+    def schedule(self) -> tuple[np.ndarray, np.ndarray]:
+        """(requests, tokens) scheduled this step, in vLLM's order; updates KV blocks, running, waiting."""
         budget = self.budget
-        sched: list[tuple[int, int]] = []
         eligible = len(self.running) + len(self.waiting)
         thr = self.thr if eligible > 1 else 0
+        ids: list[int] = []
+        toks: list[int] = []
+        preempted = False
+        if self.running:
+            # running requests in order, each min(tokens it still needs, budget left): vectorised while every
+            # one of them gets its KV blocks; the request-by-request loop below only when some must be preempted
+            ra = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            comp = self.computed[ra]
+            need = self.prompt[ra] + self.outputs[ra] - comp
+            if thr > 0:
+                need = np.minimum(need, thr)
+            k = np.clip(budget - (np.cumsum(need) - need), 0, need)
+            want = np.where(k > 0, (comp + k + self.bs - 1) // self.bs - self.blocks[ra], 0)
+            total = int(want.sum())
+            if total <= self.free:
+                m = k > 0
+                self.free -= total
+                self.blocks[ra] += want
+                ids = ra[m].tolist()
+                toks = k[m].tolist()
+                budget -= int(k.sum())
+            else:
+                budget, preempted = self._schedule_running_with_preemption(budget, thr, ids, toks)
+        if not preempted:
+            while budget > 0 and self.waiting and len(self.running) < self.max_seqs:
+                i = self.waiting[0]
+                full = int(self.prompt[i] + self.outputs[i])  # prompt (+ tokens generated before a preemption)
+                k1 = min(full - int(self.computed[i]), budget)
+                if 0 < thr < k1:
+                    k1 = thr
+                if self._blocks_for(full) > self.free:  # scheduler_reserve_full_isl: the whole prompt must fit
+                    self.st.kv_blocked_steps += 1
+                    break
+                want1 = self._blocks_for(int(self.computed[i]) + k1)
+                self.waiting.popleft()
+                self.running.append(i)
+                self.free -= want1
+                self.blocks[i] = want1
+                ids.append(i)
+                toks.append(k1)
+                budget -= k1
+        if self.waiting:
+            self.st.waiting_steps += 1
+        return np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64)
+
+    def _schedule_running_with_preemption(self, budget: int, thr: int, ids: list[int],
+                                          toks: list[int]) -> tuple[int, bool]:
+        """vLLM's running loop request by request: a request that cannot get its blocks preempts the most
+        recently admitted running request (itself last), until it fits."""
         preempted = False
         idx = 0
         while idx < len(self.running) and budget > 0:
@@ -291,71 +368,45 @@ class Engine:
                 break
             self.free -= want
             self.blocks[i] += want
-            sched.append((i, k))
+            ids.append(i)
+            toks.append(k)
             budget -= k
             idx += 1
-        if not preempted:
-            while budget > 0 and self.waiting and len(self.running) < self.max_seqs:
-                i = self.waiting[0]
-                full = int(self.prompt[i] + self.outputs[i])  # prompt (+ tokens generated before a preemption)
-                k = min(full - int(self.computed[i]), budget)
-                if 0 < thr < k:
-                    k = thr
-                if self._blocks_for(full) > self.free:  # scheduler_reserve_full_isl: the whole prompt must fit
-                    self.st.kv_blocked_steps += 1
-                    break
-                want = self._blocks_for(int(self.computed[i]) + k)
-                self.waiting.popleft()
-                self.running.append(i)
-                self.free -= want
-                self.blocks[i] = want
-                sched.append((i, k))
-                budget -= k
-        if self.waiting:
-            self.st.waiting_steps += 1
-        return sched
+        return budget, preempted
 
-    def _shape(self, sched: list[tuple[int, int]]) -> tuple[tuple[tuple[int, int], ...], int, int]:
-        pre: list[tuple[int, int]] = []
-        n_dec = 0
-        ctx = 0
-        for i, k in sched:
-            c = int(self.computed[i])
-            if k == 1 and c > 0 and c >= self.prompt[i]:
-                n_dec += 1
-                ctx += c
-            else:
-                pre.append((k, c))
-        return tuple(pre), n_dec, ctx
+    def _shape(self, ids: np.ndarray, toks: np.ndarray) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        comp = self.computed[ids]
+        dec = (toks == 1) & (comp > 0) & (comp >= self.prompt[ids])
+        pre = tuple(zip(toks[~dec].tolist(), comp[~dec].tolist(), strict=True))
+        return pre, int(dec.sum()), int(comp[dec].sum())
 
     def step(self) -> bool:
         """One engine step (or a run of pure-decode steps); False when nothing is left to do."""
         self._arrive()
         if self.fast_forward and self._decode_run():
             return True
-        sched = self.schedule()
-        if not sched:
+        ids, toks = self.schedule()
+        if not len(ids):
             if not self.arrivals:
                 return False
             self.t = max(self.t, self.arrivals[0][0])  # idle until the next request arrives
             return True
-        pre, n_dec, ctx = self._shape(sched)
+        pre, n_dec, ctx = self._shape(ids, toks)
         dt = self.timer(pre, n_dec, ctx)
         self.t += dt
         self._account(pre, n_dec, dt, 1)
-        for i, k in sched:
-            self.computed[i] += k
-            if self.computed[i] >= self.prompt[i] + self.outputs[i]:  # the step sampled a token for it
-                self.outputs[i] += 1
-                if self.outputs[i] == 1:
-                    self.t_first[i] = self.t
-                if self.outputs[i] >= self.out_len[i]:
-                    self.running.remove(i)
-                    self._finish(i, self.t)
+        self.computed[ids] += toks
+        sampled = ids[self.computed[ids] >= self.prompt[ids] + self.outputs[ids]]  # these sampled a token
+        self.outputs[sampled] += 1
+        first = sampled[self.outputs[sampled] == 1]
+        self.t_first[first] = self.t
+        for i in sampled[self.outputs[sampled] >= self.out_len[sampled]].tolist():
+            self.running.remove(i)
+            self._finish(i, self.t)
         if self.trace is not None:
-            self.trace.append({"t": self.t, "sched": list(sched), "prefills": pre, "decodes": n_dec,
-                               "free_blocks": self.free, "running": list(self.running),
-                               "waiting": list(self.waiting)})
+            self.trace.append({"t": self.t, "sched": list(zip(ids.tolist(), toks.tolist(), strict=True)),
+                               "prefills": pre, "decodes": n_dec, "free_blocks": self.free,
+                               "running": list(self.running), "waiting": list(self.waiting)})
         return True
 
     def _account(self, pre: tuple, n_dec: int, dt: float, count: int) -> None:
@@ -502,9 +553,12 @@ def make_predictor(gpu: GpuSpec | str, model: ModelShape | str, tp: int, precisi
 
 def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Sequence[int],
              osl: int | Sequence[int], cfg: ServingConfig, precision: str = "bf16",
-             predictor: Predictor | None = None, keep_requests: bool = False) -> ServingResult:
+             predictor: Predictor | None = None, keep_requests: bool = False,
+             correct: Callable[[Prediction, Step], float] | None = None) -> ServingResult:
     """Simulate ``vllm.benchmarks.serve`` at a fixed concurrency against one vLLM server (one model replica
-    on ``tp`` GPUs). ``isl`` / ``osl``: one length for every request, or a list cycled over the requests."""
+    on ``tp`` GPUs). ``isl`` / ``osl``: one length for every request, or a list cycled over the requests.
+    ``correct``: step seconds from the raw prediction and the step (a calibrated engine), instead of the
+    predictor's own total."""
     spec = get_gpu(gpu)
     shape = get_model(model)
     if precision not in ("bf16", "fp8"):
@@ -528,7 +582,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     if blocks < -(-int(prompts.max()) // bs):
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold even one prompt "
                               f"({int(prompts.max())} tokens): vLLM refuses to start")
-    timer = StepTimer(pred, cfg.clock, async_sched)
+    timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s)
     eng.run()
@@ -552,6 +606,15 @@ def _result(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp
     multi = eng.out_len > 1
     tpot = np.where(multi, (eng.t_fin - eng.t_first) / np.maximum(1, eng.out_len - 1), np.nan)
     duration = float(np.nanmax(eng.t_fin) + d)
+    # steady state: from the end of the first wave (the C-th finish) to the last request sent (the drain after
+    # it runs with fewer requests in flight); what a long-running server at this concurrency delivers
+    steady = float(eng.out_len.sum()) / duration
+    if eng.n > eng.C:
+        t_a = float(np.sort(eng.t_fin)[eng.C - 1])
+        t_b = float(np.nanmax(eng.t_send))
+        inside = (eng.t_fin > t_a) & (eng.t_fin <= t_b)
+        if t_b > t_a and inside.sum() >= max(2, eng.C // 2):
+            steady = float(eng.out_len[inside].sum()) / (t_b - t_a)
     st = eng.st
     steps = {
         "steps": st.steps, "prefill_steps": st.prefill_steps, "decode_only_steps": st.steps - st.prefill_steps,
@@ -568,7 +631,7 @@ def _result(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp
     res = ServingResult(
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
         output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
-        mean_e2el_ms=1e3 * float(np.nanmean(e2el)),
+        mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
         assumptions={
             "engine": "vLLM V1 Scheduler (0.32/0.33), OpenAI API server defaults",
             "gpu": spec.name, "tp": tp, "precision": precision, "concurrency": cfg.concurrency,

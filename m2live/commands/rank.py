@@ -166,7 +166,7 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
     metric = {"gpu": "out tok/s per GPU", "dollar": "out tokens per $", "layout": "out tok/s per replica"}
     t = Table(title=f"ranking by {metric[r.rank_by]}")
     cols = ["#", "GPU", "TP", "tok/s/GPU", "tok/s", "k tok/$", "batch", "prefill/step", "step ms",
-            "chunk budget", "f_clk", "bound", "limited by", "KV tokens"]
+            "chunk budget", "f_clk", "bound", "limited by", "KV tokens", "conc.", "TTFT ms", "TPOT ms"]
     if r.workload.rate:
         cols.append("GPUs for rate")
     for col in cols:
@@ -182,9 +182,12 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
                     str(x.prefill_tokens_per_step), f"{x.step_ms:.2f}",
                     "" if x.chunk_budget is None else str(x.chunk_budget), f"{x.f_clk:.2f}",
                     f"{x.bound} {sh:.0%}", x.limited_by, f"{x.memory.kv_tokens:,}"]
+            sv = x.serving or {}
+            row += [str(sv.get("concurrency", "")), f"{sv['ttft_ms']:,.0f}" if sv else "",
+                    f"{sv['tpot_ms']:.1f}" if sv else ""]
         else:
             row += ["0", "0", "", "0", "", f"{x.step_ms:.2f}", "", f"{x.f_clk:.2f}", f"{x.bound} {sh:.0%}",
-                    "[red]SLO unmet[/red]", f"{x.memory.kv_tokens:,}"]
+                    "[red]SLO unmet[/red]", f"{x.memory.kv_tokens:,}", "", "", ""]
         if r.workload.rate:
             row.append(str(x.fleet["gpus"]) if x.fleet else "")
         t.add_row(*row)
@@ -229,6 +232,8 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
         c.print(et)
     c.print(f"memory reserve: {cfg.reserve_fraction:.0%} of device memory + {cfg.reserve_bytes / 2**30:g} GiB "
             "(CUDA context, workspaces, graphs); activations at the token budget; KV cache gets the rest.")
+    c.print("tok/s, conc., TTFT and TPOT: m2live simulate's closed loop (vLLM V1 scheduler) at the operating point's "
+            "concurrency, lowered until the mean TPOT meets the SLO; batch / step ms: the steady-state step.")
 
 
 def plot_ranking(r: Ranking, path: str) -> None:

@@ -29,8 +29,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..hardware import get_gpu
+from ..efficiency import ArchConstants
+from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
+from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
     ServingResult,
@@ -85,12 +87,14 @@ def _opt_int(text: object, what: str) -> int | None:
     return _pos_int(text, what)
 
 
-def _gpu(name: str):
+def _device(name: str, model: str) -> tuple[GpuSpec, ArchConstants | None]:
+    """The GPU from the catalog, or the CPU device measured on the model's own shapes (as the plugin does)."""
     if str(name).strip().lower() in ("cpu", "cpu-device"):
-        from ..cpu_device import cpu_device
+        from ..cpu_device import cpu_device, device_constants
 
-        return cpu_device()
-    return get_gpu(str(name).strip())
+        shape = get_model(model)
+        return cpu_device(model=shape), device_constants(shape)
+    return get_gpu(str(name).strip()), None
 
 
 def _nonneg_float(text: object, what: str) -> float:
@@ -109,9 +113,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             calibration: str | None = None) -> ServingResult:
     if precision not in ("bf16", "fp8"):
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
-    gpu = _gpu(gpu_name)
+    gpu, constants = _device(gpu_name, model)
     kv_tokens = None
-    constants = None
     if calibration:
         from ..calibrate import load_for
 
