@@ -455,23 +455,31 @@ def device_constants(model: ModelShape | None = None, dtype: str = "bf16", scale
 class PriorCheck:
     """Watches the first steps of a live run against the raw prediction on the CPU device.
 
-    After ``n`` steps, a median measured/predicted ratio beyond ``limit`` (3×) either way means the cached
-    measurement does not describe this engine (taken while the machine was busy, or stale): it is dropped, and
-    the device is measured again the next time the engine idles (``idle()``, called by the record thread when
-    no step came for a while) — the new figures serve the next start; the running prediction is rescued by the
-    online correction meanwhile.
+    Only steps whose prediction is mostly device body (``t_blocks`` at least half of it) count: on a tiny model
+    the host terms dominate, and they are the correction's business, not the device measurement's. After ``n``
+    such steps, a median measured/predicted ratio beyond ``limit`` (3×) either way means the cached measurement
+    does not describe this engine (taken while the machine was busy, or stale): it is dropped, and the device is
+    measured again the next time the engine idles (``idle()``, called by the record thread when no step came for
+    a while) — the new figures serve the next start; the running prediction is rescued by the online correction
+    meanwhile. No verdict when ``give_up`` steps pass without ``n`` such steps.
     """
 
-    def __init__(self, key: str, model: ModelShape | None, dtype: str, n: int = 16, limit: float = 3.0) -> None:
-        self.key, self.model, self.dtype, self.n, self.limit = key, model, dtype, n, limit
+    def __init__(self, key: str, model: ModelShape | None, dtype: str, n: int = 16, limit: float = 3.0,
+                 give_up: int = 400) -> None:
+        self.key, self.model, self.dtype, self.n, self.limit, self.give_up = key, model, dtype, n, limit, give_up
+        self.seen = 0
         self.ratios: list[float] = []
         self.verdict: float | None = None  # the median ratio once judged
         self.remeasure_pending = False
         self.remeasured = 0
         self._lock = threading.Lock()
 
-    def observe(self, predicted_s: float, measured_s: float) -> None:
-        if self.verdict is not None or not (predicted_s > 0 and measured_s > 0):
+    def observe(self, predicted_s: float, device_s: float, measured_s: float) -> None:
+        """One step: its raw prediction, the device body in it (``Prediction.t_blocks``), its measured time."""
+        if self.verdict is not None or not (predicted_s > 0 and measured_s > 0) or self.seen >= self.give_up:
+            return
+        self.seen += 1
+        if device_s < 0.5 * predicted_s:
             return
         self.ratios.append(measured_s / predicted_s)
         if len(self.ratios) >= self.n:

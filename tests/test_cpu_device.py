@@ -1,0 +1,105 @@
+"""The CPU device: timed on the engine's own kernels, cached under a key of everything that changes the answer,
+dropped and re-measured when the first steps of a live run disagree with it. No bound here depends on how fast
+this machine is: the figures are checked against each other and against what the cache holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from m2live import Predictor, Step
+from m2live.cpu_device import (
+    PriorCheck,
+    cache_path,
+    constants_from_measurement,
+    cpu_device,
+    cpu_flags,
+    device_constants,
+    machine_key,
+    measurement,
+    spec_from_measurement,
+)
+from m2live.shapes import get_model
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from conftest import MODELS
+    return get_model(MODELS / "tiny-llama")
+
+
+def test_key_covers_flags_dtype_threads_versions_isa_and_model(tiny, monkeypatch) -> None:
+    k = machine_key("bf16", tiny, threads=2)
+    for part in ("+".join(cpu_flags()), "bf16", "threads=2", "torch=", "h256i704L2q4kv2d64"):
+        assert part in k, (part, k)
+    assert machine_key("fp32", tiny, threads=2) != k
+    assert machine_key("bf16", tiny, threads=1) != k
+    assert machine_key("bf16", None, threads=2) != k
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # another kernel: another measurement
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in machine_key("bf16", tiny, threads=2)
+
+
+def test_measures_the_engines_kernels_and_caches_them(cache_home, tiny) -> None:
+    pytest.importorskip("torch")
+    m = measurement(budget_s=0.3, model=tiny)
+    for k in ("flops", "bw", "t_call", "attn_flops", "attn_bw", "t_attn"):
+        assert m[k] > 0, k
+    try:
+        import vllm  # noqa: F401
+        assert "vLLM-CPU linear dispatch" in m["kind"] and "vLLM-CPU attention" in m["kind"]
+    except ImportError:
+        assert "torch" in m["kind"]
+    data = json.loads(cache_path().read_text())
+    assert list(data["entries"]) == [machine_key("bf16", tiny)]
+    assert measurement(model=tiny)["measured_at"] == m["measured_at"]  # read back, not measured again
+    spec = cpu_device(model=tiny)
+    assert spec.name == "cpu" and spec.bf16_tflops == pytest.approx(m["flops"] / 1e12)
+    assert spec.mem_bw_gbs == pytest.approx(m["bw"] / 1e9)
+    c = device_constants(tiny)
+    assert c.t_kernel == pytest.approx(m["t_call"]) and c.t_attn == pytest.approx(m["t_attn"])
+    # the prediction uses those numbers: a one-token step through the GEMMs costs at least the calls' fixed cost
+    p = Predictor(spec, tiny, constants=c).predict(Step.build([], [100]), f_clk=1.0)
+    assert p.ops["qkv"] >= tiny.layers * m["t_call"]
+
+
+def test_prior_check_drops_a_measurement_the_engine_disagrees_with(cache_home, tiny) -> None:
+    pytest.importorskip("torch")
+    m0 = measurement(budget_s=0.3, model=tiny)
+    key = machine_key("bf16", tiny)
+    chk = PriorCheck(key, tiny, "bf16", n=8)
+    for _ in range(50):  # host-dominated steps do not count against the device measurement
+        chk.observe(1e-3, 0.1e-3, 10e-3)
+    assert chk.verdict is None
+    for _ in range(8):  # device-dominated steps 5x slower than predicted
+        chk.observe(1e-3, 0.9e-3, 5e-3)
+    assert chk.verdict == pytest.approx(5.0) and chk.remeasure_pending
+    assert key not in json.loads(cache_path().read_text())["entries"]  # the next start measures again
+    chk.idle()  # the engine idles: measured again now
+    assert not chk.remeasure_pending and chk.remeasured == 1
+    assert measurement(model=tiny)["measured_at"] > m0["measured_at"]
+
+
+def test_prior_check_keeps_a_measurement_that_agrees(cache_home, tiny) -> None:
+    pytest.importorskip("torch")
+    measurement(budget_s=0.3, model=tiny)
+    chk = PriorCheck(machine_key("bf16", tiny), tiny, "bf16", n=8)
+    for r in (0.5, 2.0, 1.1, 0.9, 2.5, 0.4, 1.3, 1.0):
+        chk.observe(1e-3, 0.9e-3, r * 1e-3)
+    assert chk.verdict is not None and not chk.remeasure_pending
+    assert machine_key("bf16", tiny) in json.loads(cache_path().read_text())["entries"]
+
+
+def test_scale_knob_scales_throughput_and_fixed_costs() -> None:
+    m = {"flops": 1e11, "bw": 1e10, "t_call": 1e-5, "attn_flops": 5e10, "attn_bw": 5e9, "t_attn": 2e-5,
+         "threads": 2, "mhz": 2000.0}
+    s1, s2 = spec_from_measurement(m), spec_from_measurement(m, 0.01)
+    assert s2.bf16_tflops == pytest.approx(0.01 * s1.bf16_tflops) and "test knob" in s2.source
+    c1, c2 = constants_from_measurement(m), constants_from_measurement(m, 0.01)
+    assert c2.t_kernel == pytest.approx(100 * c1.t_kernel) and c2.eta_attn == pytest.approx(c1.eta_attn) == 0.5
