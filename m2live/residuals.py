@@ -151,6 +151,7 @@ class ResidualTracker:
         self._host: np.ndarray | None = None  # additive host terms (ms), or None when they did not help
         self._u: np.ndarray | None = None  # log-scales of the last fit (warm start of the next)
         self._ratio_median = 1.0
+        self._converged = False
         self._upper_cache: dict[float, float] = {}
         self._lock = threading.Lock()  # guards the window between update() and readers on other threads
 
@@ -196,7 +197,11 @@ class ResidualTracker:
 
     @property
     def converged(self) -> bool:
-        """The correction is fitted and its recent out-of-sample median error is within ``converged_error``."""
+        """The correction is fitted and its recent out-of-sample median error is within ``converged_error``
+        (judged on the record thread after each update; read on the engine's thread at no cost)."""
+        return self._converged
+
+    def _judge(self) -> bool:
         if self._scales is None or self.n < self.min_fit:
             return False
         e = self.recent_error()
@@ -218,6 +223,7 @@ class ResidualTracker:
         every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
         if self.n % every == 0 or self.n < self.min_fit:
             self._refit()
+        self._converged = self._judge()
 
     def _refit(self) -> None:
         with self._lock:  # a consistent snapshot

