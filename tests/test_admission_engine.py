@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-SLO_MS = 60.0
+SLO_MS = 60.0  # at start-up only: the phases' SLOs are set live, relative to this engine's measured steps
 LIMIT_TOKENS = 2048
 LIMIT_SEQS = 64
 
 
-def _prompts(n: int, seed: int) -> list[list[int]]:
+def _prompts(n: int, seed: int, lo: int = 150, hi: int = 600) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(3, 8000) for _ in range(rng.randint(200, 1400))] for _ in range(n)]
+    return [[rng.randrange(3, 8000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
 @pytest.mark.engine
@@ -65,16 +65,25 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
             return out
 
         sched.schedule = schedule
-        params = SamplingParams(max_tokens=24, ignore_eos=True, detokenize=False)
+        params = SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False)
 
-        # phase 1: SLO 60 ms; phase 2: tighter SLO set live (as the MQTT control does); phase 3: admission off
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(14, 1)], params, use_tqdm=False)
+        # phase 0, admission off: how long this engine's steps take on this machine (the SLOs below are relative
+        # to it, so the test means the same on a fast AVX-512/AMX CPU and on a slow AVX2 one)
+        mon.set_slo_ms(None)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(4, 0, 32, 64)], params, use_tqdm=False)
+        mon.flush()
+        decode_ms = 1e3 * sorted(mon.step_times)[len(mon.step_times) // 2]
+        slo1, slo2 = 5.0 * decode_ms, 2.5 * decode_ms
+        n0 = len(calls)
+        # phase 1: SLO slo1; phase 2: tighter SLO set live (as the MQTT control does); phase 3: admission off
+        mon.set_slo_ms(slo1)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(10, 1)], params, use_tqdm=False)
         n1 = len(calls)
-        mon.set_slo_ms(SLO_MS / 2)
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(10, 2)], params, use_tqdm=False)
+        mon.set_slo_ms(slo2)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(8, 2)], params, use_tqdm=False)
         n2 = len(calls)
         mon.set_slo_ms(None)
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(4, 3)], params, use_tqdm=False)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(3, 3)], params, use_tqdm=False)
     finally:
         sched.schedule = original
         llm.llm_engine.engine_core.shutdown()
@@ -83,9 +92,9 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
         d = c["decision"]
         print(i, c["slo_s"], c["scheduled"], c["budget"], c["active"], c["running_before"], c["waiting_before"],
               d.flagged if d else None, round(1e3 * d.predicted_s, 1) if d else None)
-    work = [c for c in calls if c["scheduled"] > 0]
+    work = [c for c in calls[n0:] if c["scheduled"] > 0]
     assert len(work) >= 30
-    on = [c for c in calls[:n2] if c["scheduled"] > 0]
+    on = [c for c in calls[n0:n2] if c["scheduled"] > 0]
     for c in on:
         d = c["decision"]
         assert c["decided"] == 1  # one decision per schedule() call ...
@@ -100,18 +109,18 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
     # the budget bound: with prompts waiting it was below vLLM's limit, and vLLM filled it exactly
     binding = [c for c in on if c["decision"].token_budget < LIMIT_TOKENS and c["waiting_before"] > 0]
     assert len(binding) >= 5
-    # the first decisions, before the correction converged, fell back to vLLM's budget (and were counted)
-    assert on[0]["decision"].fallback and ctrl.fallbacks >= 1
+    # fallbacks to vLLM's budget (the correction not yet trusted) are counted, and they are the exception
+    assert ctrl.fallbacks == sum(c["decision"].fallback for c in calls if c["decided"])
     assert sum(c["decision"].fallback for c in on) < len(on) // 2
     assert sum(c["scheduled"] == c["budget"] for c in binding) >= 0.8 * len(binding)
     # a tighter SLO set live is what the next decisions aim at: every unflagged decision after the change
     # predicts a step within the new target, and budgets do not grow (on this CPU both SLOs sit close to the
     # per-step floor, so the budgets may be equal at the median; the strict shrink is a unit test)
-    target2 = (SLO_MS / 2e3) * (1 - ctrl.margin)
+    target2 = (slo2 / 1e3) * (1 - ctrl.margin)
     phase2 = [c for c in calls[n1:n2] if c["scheduled"] > 0]
     assert phase2 and all(c["decision"].predicted_s <= target2 * 1.0001 for c in phase2
                           if not c["decision"].flagged)
-    b1 = sorted(c["budget"] for c in calls[:n1] if c["waiting_before"] > 0)
+    b1 = sorted(c["budget"] for c in calls[n0:n1] if c["waiting_before"] > 0)
     b2 = sorted(c["budget"] for c in calls[n1:n2] if c["waiting_before"] > 0)
     assert b1 and b2 and b2[len(b2) // 2] <= b1[len(b1) // 2]
     # admission off: the configured limits again
@@ -124,5 +133,5 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
     budgets_traced = [r["token_budget"] for r in records if r.get("token_budget") is not None]
     assert budgets_traced == [c["decision"].token_budget for c in on][: len(budgets_traced)]
     assert len(budgets_traced) >= len(on) - 2
-    assert all(r["slo_s"] == pytest.approx(SLO_MS / 1e3) or r["slo_s"] == pytest.approx(SLO_MS / 2e3)
+    assert all(r["slo_s"] == pytest.approx(slo1 / 1e3) or r["slo_s"] == pytest.approx(slo2 / 1e3)
                for r in records if r.get("token_budget") is not None)
