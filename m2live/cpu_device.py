@@ -409,10 +409,22 @@ def _valid(m: object) -> bool:
     return isinstance(m, dict) and all(isinstance(m.get(k), (int, float)) and m[k] > 0 for k in ("flops", "bw"))
 
 
+def _busy() -> bool:
+    """Other work is running: the 1-minute load average exceeds 1.5x the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return os.getloadavg()[0] > 1.5 * cpus
+    except OSError:
+        return False
+
+
 def measure(key: str, model: ModelShape | None, dtype: str, budget_s: float) -> dict:
-    """Measure now and store the result under ``key`` (replacing what was there)."""
+    """Measure now and store the result under ``key`` (replacing what was there). A measurement taken while
+    the machine is busy is marked so: it serves this run, and the next start measures again."""
+    busy = _busy()
     m = microbenchmark(budget_s, model=model, dtype=dtype)
-    m.update(key=key, measured_at=time.time(), threads=engine_threads(), mhz=cpuinfo_mhz() or _max_mhz())
+    m.update(key=key, measured_at=time.time(), threads=engine_threads(), mhz=cpuinfo_mhz() or _max_mhz(),
+             busy=busy or _busy())
     data = _read_cache()
     entries = data["entries"]
     entries[key] = m
@@ -436,7 +448,7 @@ def measurement(refresh: bool = False, budget_s: float = 1.6, model: ModelShape 
     key = machine_key(dtype, model)
     if not refresh:
         m = _read_cache()["entries"].get(key)
-        if _valid(m):
+        if _valid(m) and not m.get("busy"):  # type: ignore[union-attr]
             return m  # type: ignore[return-value]
     return measure(key, model, dtype, budget_s)
 
@@ -445,6 +457,14 @@ def cpu_device(refresh: bool = False, budget_s: float = 1.6, model: ModelShape |
                dtype: str = "bf16", scale: float = 1.0) -> GpuSpec:
     """The CPU device spec (cached per machine), registered in the catalog as ``cpu``."""
     return register(spec_from_measurement(measurement(refresh, budget_s, model, dtype), scale))
+
+
+def cpu_device_model(model: ModelShape | None = None, dtype: str = "bf16", scale: float = 1.0
+                     ) -> tuple[GpuSpec, ArchConstants, str]:
+    """(spec registered as ``cpu``, its constants, the cache key) from one measurement (cached or taken now)."""
+    m = measurement(False, model=model, dtype=dtype)
+    return (register(spec_from_measurement(m, scale)), constants_from_measurement(m, scale),
+            machine_key(dtype, model))
 
 
 def device_constants(model: ModelShape | None = None, dtype: str = "bf16", scale: float = 1.0) -> ArchConstants:

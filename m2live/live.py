@@ -225,14 +225,13 @@ class LiveMonitor:
         if not want and self.info.device == "cuda":
             raise ValueError(f"cannot tell which GPU this is (NVML: {nvml_error}); set M2LIVE_GPU")
         if not want or cpu_wanted:
-            from .cpu_device import PriorCheck, cpu_device, device_constants, machine_key
+            from .cpu_device import PriorCheck, cpu_device_model
 
             shape = get_model(cfg.model) if cfg.model else self.info.model_shape  # measured on its shapes
             dtype = "fp32" if shape is not None and shape.dtype_bytes == 4 else "bf16"  # as vLLM resolved it
-            spec = cpu_device(model=shape, dtype=dtype, scale=cfg.device_scale)
-            self._device_constants = device_constants(shape, dtype, cfg.device_scale)
+            spec, self._device_constants, key = cpu_device_model(shape, dtype, cfg.device_scale)
             if cfg.device_scale == 1.0:  # a prior scaled on purpose (test knob) must not drop the measurement
-                self.prior_check = PriorCheck(machine_key(dtype, shape), shape, dtype)
+                self.prior_check = PriorCheck(key, shape, dtype)
             if source is None:
                 try:
                     source = CpufreqClockSource()

@@ -14,8 +14,8 @@ from m2live.cpu_device import (
     cache_path,
     constants_from_measurement,
     cpu_device,
+    cpu_device_model,
     cpu_flags,
-    device_constants,
     machine_key,
     measurement,
     spec_from_measurement,
@@ -58,15 +58,21 @@ def test_measures_the_engines_kernels_and_caches_them(cache_home, tiny) -> None:
         assert "torch" in m["kind"]
     data = json.loads(cache_path().read_text())
     assert list(data["entries"]) == [machine_key("bf16", tiny)]
-    assert measurement(model=tiny)["measured_at"] == m["measured_at"]  # read back, not measured again
-    spec = cpu_device(model=tiny)
-    assert spec.name == "cpu" and spec.bf16_tflops == pytest.approx(m["flops"] / 1e12)
-    assert spec.mem_bw_gbs == pytest.approx(m["bw"] / 1e9)
-    c = device_constants(tiny)
-    assert c.t_kernel == pytest.approx(m["t_call"]) and c.t_attn == pytest.approx(m["t_attn"])
+    again = measurement(model=tiny)
+    if m["busy"]:  # taken while other jobs loaded the machine: not trusted by the next start
+        assert again["measured_at"] > m["measured_at"]
+    else:  # read back, not measured again
+        assert again["measured_at"] == m["measured_at"]
+        m = again
+    spec, c, key = cpu_device_model(tiny)
+    if not m["busy"]:
+        assert spec.name == "cpu" and spec.bf16_tflops == pytest.approx(m["flops"] / 1e12)
+        assert spec.mem_bw_gbs == pytest.approx(m["bw"] / 1e9)
+        assert c.t_kernel == pytest.approx(m["t_call"]) and c.t_attn == pytest.approx(m["t_attn"])
+    assert key == machine_key("bf16", tiny) and cpu_device(model=tiny).name == "cpu"
     # the prediction uses those numbers: a one-token step through the GEMMs costs at least the calls' fixed cost
     p = Predictor(spec, tiny, constants=c).predict(Step.build([], [100]), f_clk=1.0)
-    assert p.ops["qkv"] >= tiny.layers * m["t_call"]
+    assert p.ops["qkv"] >= tiny.layers * c.t_kernel
 
 
 def test_prior_check_drops_a_measurement_the_engine_disagrees_with(cache_home, tiny) -> None:
