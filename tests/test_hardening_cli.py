@@ -194,6 +194,11 @@ def test_plugin_asked_to_run_with_a_bad_config_says_so_at_error(tmp_path):
         assert enabled({"M2LIVE_CONFIG": str(f)}) is False
     errors = h.at(logging.ERROR)
     assert len(errors) == 1 and "M2LIVE_SLO_MS" in errors[0] and str(f) in errors[0]
+    with logs() as h:
+        assert enabled({"M2LIVE_ENABLE": "maybe"}) is False
+        assert enabled({"M2LIVE_ENABLE": "0"}) is False and enabled({}) is False  # off as asked: no error
+    errors = h.at(logging.ERROR)
+    assert len(errors) == 1 and "'maybe'" in errors[0]
 
 
 class _SchedulerWithoutBudget:

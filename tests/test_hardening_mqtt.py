@@ -53,6 +53,21 @@ def publisher(url: str, instance: str, **kw) -> MqttPublisher:
     return MqttPublisher(url, instance, **kw).start()
 
 
+@pytest.fixture
+def brokers(tmp_path: Path):
+    """Factory of started Mosquitto brokers, every one stopped at teardown whatever the test did."""
+    started: list[Mosquitto] = []
+
+    def make(name: str = "mq", **kw) -> Mosquitto:
+        b = Mosquitto(tmp_path / name, **kw).start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
 def readme_acl() -> str:
     """The Mosquitto ACL file the README recommends (the ```conf block of its security section)."""
     text = (REPO / "README.md").read_text()
@@ -97,9 +112,9 @@ def test_a_bracket_inside_a_string_is_not_nesting():
 
 
 # --- real broker -------------------------------------------------------------------------------------------------
-def test_broker_acl_from_the_readme_lets_a_reader_see_steps_but_not_steer(tmp_path):
+def test_broker_acl_from_the_readme_lets_a_reader_see_steps_but_not_steer(brokers, tmp_path):
     users = {"m2live-engine": "engine-pw", "reader": "reader-pw", "operator": "operator-pw"}
-    broker = Mosquitto(tmp_path / "mq", users=users, acl=readme_acl()).start()
+    broker = brokers("mq", users=users, acl=readme_acl())
     t = topics("acl")
     got: list[dict] = []
     pub = publisher(broker.url, "acl", on_control=got.append, username="m2live-engine", password="engine-pw")
@@ -124,8 +139,8 @@ def test_broker_acl_from_the_readme_lets_a_reader_see_steps_but_not_steer(tmp_pa
         broker.stop()
 
 
-def test_control_topic_is_not_subscribed_unless_control_is_on(tmp_path):
-    broker = Mosquitto(tmp_path / "mq", log_subscriptions=True).start()
+def test_control_topic_is_not_subscribed_unless_control_is_on(brokers, tmp_path):
+    broker = brokers("mq", log_subscriptions=True)
     try:
         off = publisher(broker.url, "quiet")  # no on_control: what the plugin does without M2LIVE_MQTT_CONTROL=1
         on = publisher(broker.url, "steered", on_control=lambda cmd: None)
@@ -142,10 +157,10 @@ def test_control_topic_is_not_subscribed_unless_control_is_on(tmp_path):
         broker.stop()
 
 
-def test_plugin_leaves_remote_control_off_unless_enabled(tmp_path):
+def test_plugin_leaves_remote_control_off_unless_enabled(brokers, tmp_path):
     from test_hardening_cli import monitor
 
-    broker = Mosquitto(tmp_path / "mq").start()
+    broker = brokers("mq")
     try:
         for env, want in (({}, False), ({"M2LIVE_MQTT_CONTROL": "1"}, True)):
             mon = monitor(tmp_path, start_exporters=True, M2LIVE_MQTT_URL=broker.url,
@@ -159,8 +174,8 @@ def test_plugin_leaves_remote_control_off_unless_enabled(tmp_path):
         broker.stop()
 
 
-def test_retained_control_is_ignored_at_connect_unless_allowed(tmp_path):
-    broker = Mosquitto(tmp_path / "mq").start()
+def test_retained_control_is_ignored_at_connect_unless_allowed(brokers, tmp_path):
+    broker = brokers("mq")
     t = topics("ret")
     try:
         # an old retained {"slo_ms": 1000} sits on the broker before the engine starts (the issue's scenario)
@@ -185,8 +200,8 @@ def test_retained_control_is_ignored_at_connect_unless_allowed(tmp_path):
         broker.stop()
 
 
-def test_hostile_payloads_do_not_break_the_connection(tmp_path):
-    broker = Mosquitto(tmp_path / "mq").start()
+def test_hostile_payloads_do_not_break_the_connection(brokers, tmp_path):
+    broker = brokers("mq")
     t = topics("hostile")
     got: list[dict] = []
     pub = publisher(broker.url, "hostile", on_control=got.append)
@@ -204,22 +219,26 @@ def test_hostile_payloads_do_not_break_the_connection(tmp_path):
 
 
 def test_every_outage_is_warned_about_and_never_demoted_to_debug(tmp_path):
-    broker = Mosquitto(tmp_path / "mq").start()
-    port = broker.port
-    with captured_logs() as logs:
-        pub = publisher(broker.url, "outages", backoff_min=0.05, backoff_max=0.1, warn_every_s=3600)
-        try:
+    started = [Mosquitto(tmp_path / "mq").start()]
+    port = started[0].port
+    pub = None
+    try:
+        with captured_logs() as logs:
+            pub = publisher(started[0].url, "outages", backoff_min=0.05, backoff_max=0.1, warn_every_s=3600)
             wait_until(lambda: pub.connected, 10, "publisher to connect")
             for outage in (1, 2, 3):
-                broker.stop()
+                started[-1].stop()
                 seen = pub.connect_failures
                 wait_until(lambda seen=seen: pub.connect_failures >= seen + 5, 20, f"outage {outage} retries")
-                broker = Mosquitto(tmp_path / f"mq{outage}", port=port).start()
+                started.append(Mosquitto(tmp_path / f"mq{outage}", port=port).start())
                 wait_until(lambda outage=outage: pub.connected and pub.connects == outage + 1, 20,
                            f"reconnect after outage {outage}")
-        finally:
             pub.close()
-            broker.stop()
+    finally:
+        if pub is not None:
+            pub.close()
+        for b in started:
+            b.stop()
     mqtt = [r for r in logs.records if r.name == "m2live.exporters.mqtt"]
     down = [r for r in mqtt if "unavailable" in r.getMessage()]
     assert [r.levelno for r in down] == [logging.WARNING] * 3  # one per outage, each at WARNING, none at DEBUG
@@ -228,14 +247,14 @@ def test_every_outage_is_warned_about_and_never_demoted_to_debug(tmp_path):
     assert not [r for r in mqtt if r.levelno == logging.DEBUG]
 
 
-def test_no_password_in_any_log_line_or_error(tmp_path, capsys):
+def test_no_password_in_any_log_line_or_error(brokers, tmp_path, capsys):
     from test_hardening_cli import monitor
 
     from exporters import ExporterError
     from m2live.config import ConfigError, M2liveConfig
 
     secret = "S3CRET-pw"
-    broker = Mosquitto(tmp_path / "mq", users={"alice": "right-pw"}).start()
+    broker = brokers("mq", users={"alice": "right-pw"})
     try:
         with captured_logs() as logs:
             # the broker refuses the password: the publisher retries and logs, never the password

@@ -20,12 +20,18 @@ import os
 log = logging.getLogger("m2live")
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
 def enabled(environ=None) -> bool:
     env = os.environ if environ is None else environ
-    if env.get("M2LIVE_ENABLE", "").strip().lower() in _TRUE:
+    flag = env.get("M2LIVE_ENABLE", "").strip().lower()
+    if flag in _TRUE:
         return True
+    if flag not in _FALSE:
+        log.error("m2live is off for this engine: M2LIVE_ENABLE=%r is not one of 1/true/yes/on or "
+                  "0/false/no/off", env.get("M2LIVE_ENABLE"))
+        return False
     path = env.get("M2LIVE_CONFIG")
     if path:
         try:
