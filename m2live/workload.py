@@ -284,34 +284,49 @@ def _field(rec: dict, key: str, where: str, default: int | None = None) -> int:
 
 
 def read_trace(path: str | os.PathLike) -> list[TraceStep]:
+    """The recorded steps with work in them; torn or garbled lines are skipped (``read_trace_counted``)."""
+    return read_trace_counted(path)[0]
+
+
+def read_trace_counted(path: str | os.PathLike) -> tuple[list[TraceStep], list[str]]:
+    """(steps with work, one ``PATH:LINE: why`` per skipped line). A torn last line (a crash, a full disk) or a
+    garbled one is skipped and counted rather than refusing the file; a file without a single usable step is a
+    ``WorkloadError`` naming the first problem."""
     p = Path(str(path).strip())
     if not p.is_file():
         raise WorkloadError(f"trace {str(path)!r}: no such file")
     steps: list[TraceStep] = []
+    skipped: list[str] = []
     try:
-        with open(p, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{p}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{where}: not a JSON record ({e.msg})") from None
-                if not isinstance(rec, dict):
-                    raise WorkloadError(f"{where}: a trace line must hold a JSON object")
-                pre = _field(rec, "num_prefill_tokens", where)
-                dec = _field(rec, "num_decode_tokens", where)
-                dkv = _field(rec, "decode_kv_tokens", where)
-                pkv = _field(rec, "prefill_kv_tokens", where, default=0)
-                if pre == 0 and dec == 0:
-                    continue  # an idle step carries no work
-                steps.append(TraceStep(pre, pkv if pre else 0, dec, dkv if dec else 0))
-    except UnicodeDecodeError:
-        raise WorkloadError(f"trace {p}: not a UTF-8 text file") from None
+        data = p.read_bytes()
+    except OSError as e:
+        raise WorkloadError(f"trace {p}: not readable ({e.strerror or type(e).__name__})") from None
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            skipped.append(f"{where}: not a JSON record ({getattr(e, 'msg', type(e).__name__)})")
+            continue
+        try:
+            if not isinstance(rec, dict):
+                raise WorkloadError(f"{where}: a trace line must hold a JSON object")
+            pre = _field(rec, "num_prefill_tokens", where)
+            dec = _field(rec, "num_decode_tokens", where)
+            dkv = _field(rec, "decode_kv_tokens", where)
+            pkv = _field(rec, "prefill_kv_tokens", where, default=0)
+        except WorkloadError as e:
+            skipped.append(str(e))
+            continue
+        if pre == 0 and dec == 0:
+            continue  # an idle step carries no work
+        steps.append(TraceStep(pre, pkv if pre else 0, dec, dkv if dec else 0))
     if not steps:
-        raise WorkloadError(f"trace {p}: no steps with work in it")
-    return steps
+        more = f" ({len(skipped)} line(s) skipped; first {skipped[0]})" if skipped else ""
+        raise WorkloadError(f"trace {p}: no steps with work in it{more}")
+    return steps, skipped
 
 
 def from_trace(path: str | os.PathLike) -> Workload:
@@ -322,7 +337,7 @@ def from_trace(path: str | os.PathLike) -> Workload:
     so D = C / (r + 1/2) and P = r D. Their spread is not recoverable from step aggregates, so the lengths are
     fixed at those means; the recorded steps themselves are kept for replay.
     """
-    steps = read_trace(path)
+    steps, skipped = read_trace_counted(path)
     pre = sum(s.prefill_tokens for s in steps)
     dec = sum(s.decode_reqs for s in steps)
     if dec == 0:
@@ -338,7 +353,7 @@ def from_trace(path: str | os.PathLike) -> Workload:
         kept = tuple(steps)
     info = {"path": str(path), "steps": len(steps), "replay_steps": len(kept), "prefill_tokens": pre,
             "decode_tokens": dec, "mean_decode_context": ctx, "prefill_per_decode": r,
-            "estimated_prompt": p, "estimated_output": d}
+            "estimated_prompt": p, "estimated_output": d, "skipped_lines": len(skipped)}
     return Workload(f"trace:{Path(str(path)).name}", Dist("fixed", min(MAX_LEN, round(p))),
                     Dist("fixed", min(MAX_LEN, round(d))), source="trace", spec=str(path),
                     trace_steps=kept, trace_info=info)

@@ -135,3 +135,13 @@ def test_report_skips_torn_and_garbled_lines_and_says_how_many(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "3 torn or garbled line(s) skipped (first: line 11: ops must be" in out
     assert os.path.getsize(tmp_path / "r.png") > 10_000
+
+
+def test_the_planner_reads_a_torn_trace_and_counts_what_it_skipped(tmp_path):
+    from m2live.workload import from_trace
+
+    trace = tmp_path / "t.jsonl"
+    recs = [r.to_json() for r in step_records(30)]
+    trace.write_text("\n".join(recs) + "\n" + recs[0][:33])  # the engine died mid-line
+    wl = from_trace(trace)
+    assert wl.trace_info["steps"] == 30 and wl.trace_info["skipped_lines"] == 1
