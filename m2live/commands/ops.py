@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from .. import limits
 from ..validate import RowPredictor, read_table
 
 if TYPE_CHECKING:
@@ -42,12 +43,10 @@ def parse_clock(value: str) -> str | float:
     if value in ("boost", "forecast"):
         return value
     try:
-        mhz = float(value)
+        float(value)
     except ValueError:
-        raise ValueError(f"--clock must be 'boost', 'forecast' or a clock in MHz, got {value!r}") from None
-    if not mhz > 0:
-        raise ValueError(f"--clock must be positive, got {value!r}")
-    return mhz
+        raise ValueError(f"--clock must be 'boost', 'forecast' or a clock in MHz, got {value[:40]!r}") from None
+    return float(limits.CLOCK_MHZ.parse(value, "--clock (MHz)"))
 
 
 def run(args: argparse.Namespace) -> int:
