@@ -87,6 +87,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
                              "--gpus", "h100-sxm", "--tp", "1"], {}),
         "ops header only": (["ops", str(header_only)], {}),
         "ops -o /dev/full": (["ops", str(GEMM), "--gpu", "h100-sxm", "-o", "/dev/full"], {}),
+        "ops clock inf": (["ops", str(GEMM), "--gpu", "h100-sxm", "--clock", "inf"], {}),
         "report ops list": (["report", str(bad_ops), "-o", png], {}),
         "report factors str": (["report", str(bad_factors), "-o", png], {}),
         "report warmup 1e30": (["report", str(bad_ops), "-o", png, "--warmup", "1" + "0" * 30], {}),
@@ -99,7 +100,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 
 CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", "decode 10x10000000", "tp 1e23",
-         "rank rate 1e308", "ops header only", "ops -o /dev/full", "report ops list", "report factors str",
+         "rank rate 1e308", "ops header only", "ops -o /dev/full", "ops clock inf", "report ops list", "report factors str",
          "report warmup 1e30", "binary M2LIVE_CONFIG", "M2LIVE_QUEUE_SIZE=1e12", "M2LIVE_RESIDUAL_WINDOW=1e9",
          "M2LIVE_SLO_MS=1e-9", "misspelt M2LIVE_SLO_MSS"]
 
