@@ -293,9 +293,9 @@ class MqttPublisher:
                     self._connected = True  # online published and control subscribed
                     self.connects += 1
                     if self._outage_failures:
-                        log.warning("m2live: MQTT reconnected to %s:%d after %d failed attempt(s) over %.1f s",
-                                    self.host, self.port, self._outage_failures,
-                                    time.monotonic() - self._outage_since)
+                        log.warning("m2live: MQTT %s to %s:%d after %d failed attempt(s) over %.1f s",
+                                    "reconnected" if self.connects > 1 else "connected", self.host, self.port,
+                                    self._outage_failures, time.monotonic() - self._outage_since)
                     elif self.connects > 1:
                         log.warning("m2live: MQTT reconnected to %s:%d", self.host, self.port)
                     self._outage_failures = 0
