@@ -281,16 +281,18 @@ def forecast_clock_ratio(
 # --------------------------------------------------------------------------------------------------
 # Reading: every opbench_fp8 row is vLLM's fp8 linear layer on a bf16 input, so it includes the input
 # quantisation — vLLM's CUDA scaled_fp8_quant with a dynamic per-tensor scale, two kernels of one CTA per token
-# row: ~0.4 us of SM time per row and kernel (q_row) on both GPUs, streaming at 0.63 (H100) / 0.30 (B300) of
-# peak DRAM bandwidth (eta_q; one CTA per row keeps few bytes in flight, and the B300's 8 TB/s needs 2.4x the
-# H100's). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
-# eta_tc 0.65 / 0.76 of the fp8 peak at the NVML max clock (cuBLAS bf16 on the H100: 0.82).
-# in-sample MAPE 9.4 % (H100) / 7.8 % (B300), leave-one-GPU-out 15.1 % / 11.0 % (results/fp8_constants.json).
+# row: ~0.4 us of SM time per row and kernel (q_row: the tables' latency grows by ~7 ns per row at N = K = 32 on
+# both GPUs), streaming at 0.59 (H100) / 0.33 (B300) of peak DRAM bandwidth (eta_q: one CTA per row keeps few
+# bytes in flight, and the B300's 8 TB/s needs 2.4x the H100's). Without it the bf16 constants priced the tables
+# 42 % / 53 % too fast. CUTLASS's tensor-core ceiling eta_tc is 0.67 (H100) / 0.77 (B300) of the fp8 peak at
+# the NVML max clock (cuBLAS bf16 on the H100: 0.82); on the H100 the k_split grid picks "never" (65536):
+# vLLM's sm90 fp8 configs have no split-K. In-sample MAPE 9.3 % (H100) / 7.1 % (B300), leave-one-GPU-out
+# 14.4 % / 10.8 % (results/fp8_constants.json).
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": dict(eta_tc=0.6499, i_crit=37.21, k0=9.082, t_kernel=1.711e-06, eta_mem=0.9074, t_ramp=5.016e-08,
-                   overlap=2.402, k_split=4096, q_row=4.409e-07, eta_q=0.6303),
-    "blackwell": dict(eta_tc=0.763, i_crit=9.499, k0=441.9, t_kernel=1.886e-06, eta_mem=0.9927, t_ramp=6.121e-07,
-                      overlap=1.824, k_split=1792, q_row=3.83e-07, eta_q=0.3049),
+    "hopper": dict(eta_tc=0.6737, i_crit=34.54, k0=2.447, t_kernel=1.719e-06, eta_mem=0.8641,
+                   t_ramp=3.586e-09, overlap=2.356, k_split=65536, q_row=4.495e-07, eta_q=0.5891),
+    "blackwell": dict(eta_tc=0.7716, i_crit=8.738, k0=32.52, t_kernel=1.7e-06, eta_mem=0.9844,
+                      t_ramp=3.852e-07, overlap=1.358, k_split=4096, q_row=3.494e-07, eta_q=0.3319),
 }
 ARCH_FP8: dict[str, ArchConstants] = {
     arch: replace(ARCH[arch], **fit, fitted_on=f"opbench_fp8 {folder}, bench/fit_fp8.py (GEMM group only)")
