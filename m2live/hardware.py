@@ -201,7 +201,9 @@ CATALOG: tuple[GpuSpec, ...] = (
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
         mem_bw_gbs=3350, mem_gb=80, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
-        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5) + H100 whitepaper (TFLOP/s at 1830 MHz)",
+        source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = "
+               "sparse/2; 80 GB HBM3 3.35 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction) + H100 "
+               "whitepaper (132 SMs, 50 MB L2, TFLOP/s at 1830 MHz)",
         aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb"),
     ),
     GpuSpec(

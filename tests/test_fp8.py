@@ -46,6 +46,7 @@ def test_every_catalog_gpu_with_fp8_tensor_cores_has_an_fp8_peak_and_ampere_has_
             # dense fp8 is twice dense bf16 on every fp8 tensor core NVIDIA ships (datasheets, dense = sparse/2)
             assert g.fp8_tflops == pytest.approx(2 * g.bf16_tflops, rel=0.01), g.name
             assert g.peak_flops("fp8") == pytest.approx(2 * g.peak_flops("bf16"), rel=0.01)
+            assert "FP8" in g.source, g.name  # the figure names its datasheet
 
 
 @pytest.mark.parametrize("model,tp", [("meta-llama/Llama-3.1-8B", 1), ("meta-llama/Llama-3.1-70B", 4),
