@@ -317,14 +317,23 @@ class Predictor:
             self._extra_kernels += 2
             self._light_kernels += 2
         if dtype == "fp8":
-            # vLLM quantises each projection's input to e4m3 before its scaled-mm (QuantFP8 -> scaled_fp8_quant):
-            # read bf16, write fp8 = 3 B per element, one kernel per projection; a dynamic per-tensor scale reads
-            # the input once more for its max reduction, in a kernel of its own
-            elems = 2 * h + m.heads_per_gpu * hd + m.intermediate // tp  # inputs of qkv, gate_up; o; down
-            passes = 2 if act_scale == "dynamic" else 1
-            self._light_bytes_per_token += (3 + 2 * (passes - 1)) * elems
-            self._extra_kernels = 4 * passes
-            self._light_kernels += self._extra_kernels
+            # vLLM quantises each projection's input to e4m3 (QuantFP8) before its scaled-mm. Served, the model runs
+            # under torch.compile with custom ops off (vllm/config/vllm.py: "otherwise Inductor handles fusion"):
+            # with a static scale the quantisation of the qkv, gate_up and down inputs fuses into the RMSNorm and
+            # SiLU*mul that produce them (they write 1 B per element instead of 2), and only the o input, the
+            # attention op's output, is quantised by a kernel of its own (read 2 B, write 1 B). A dynamic
+            # per-tensor scale needs each input's max before quantising it: a reduction pass and a quantising
+            # pass per projection (read 2 + 2 B, write 1 B), two kernels each.
+            fused = 2 * h + m.intermediate // tp  # inputs of qkv and gate_up (hidden each), of down (I/tp)
+            o_in = m.heads_per_gpu * hd
+            if act_scale == "dynamic":
+                self._light_bytes_per_token += 5 * (fused + o_in)
+                quant_kernels = 8
+            else:
+                self._light_bytes_per_token += 3 * o_in - fused
+                quant_kernels = 1
+            self._extra_kernels += quant_kernels
+            self._light_kernels += quant_kernels
 
     @classmethod
     def for_gpu(cls, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike = "meta-llama/Llama-3.1-8B",

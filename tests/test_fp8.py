@@ -73,7 +73,15 @@ def test_attention_kv_cache_and_lm_head_stay_bf16_and_the_quantisation_is_a_ligh
     a, b, c = (p.predict(step, f_clk=1.0) for p in (bf, f8, dyn))
     for op in ("attn_prefill", "attn_decode", "lm_head"):
         assert b.ops[op] == pytest.approx(a.ops[op], rel=1e-12), op
-    assert a.ops["light"] < b.ops["light"] < c.ops["light"]  # quantisation passes; a dynamic scale reads again
+    # static scales: the qkv / gate_up / down input quantisation fuses into the norm and SiLU*mul kernels (they
+    # write 1 B instead of 2 per element), the o input gets a kernel of its own (read 2 B, write 1 B)
+    h, i, q = 4096, 14336, 32 * 128
+    assert f8._light_kernels == bf._light_kernels + 1
+    assert f8._light_bytes_per_token - bf._light_bytes_per_token == 3 * q - (2 * h + i)
+    # a dynamic scale: a max-reduction and a quantising pass per projection input (read 2 + 2 B, write 1 B)
+    assert dyn._light_kernels == bf._light_kernels + 8
+    assert dyn._light_bytes_per_token - bf._light_bytes_per_token == 5 * (2 * h + i + q)
+    assert b.ops["light"] < c.ops["light"]
     assert bf.model.kv_bytes_per_token() == f8.model.kv_bytes_per_token()
     with pytest.raises(ValueError, match="act_scale"):
         Predictor("h100-sxm", "meta-llama/Llama-3.1-8B", dtype="fp8", act_scale="per-token")
