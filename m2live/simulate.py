@@ -28,7 +28,9 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
   work on this one, so a step lasts the longer of the two), off on the CPU backend.
 
 Every step is timed by ``Predictor`` (forecast clock by default); a request needs ``frontend_s`` between client
-and engine each way (HTTP, tokenisation, output streaming). Runs of pure-decode steps between events (an
+and engine each way (HTTP, output streaming) and ``frontend_service_s`` of the API server's serial work
+(parsing, tokenisation): a burst of requests reaches the engine spread out, and an idle engine starts its
+next step with the first arrival alone — which is what desynchronises a closed loop of equal requests. Runs of pure-decode steps between events (an
 arrival, a finish, a KV block shortage) are advanced in one go: their times are the predictor's at a few
 points along the run (decode steps differ only in context), interpolated — so a configuration costs
 milliseconds to a few tenths of a second, not one prediction per token.
@@ -53,7 +55,8 @@ GIB = 1024**3
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
-FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, tokenisation, streaming) per request
+FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
+FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
 SEGMENT_SAMPLES = 9  # predictions along a run of pure-decode steps (interpolated in between)
 
 
@@ -101,6 +104,7 @@ class ServingConfig:
     async_scheduling: bool | None = None  # None: on for GPUs, off for the CPU backend (vLLM's defaults)
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     frontend_s: float = FRONTEND_S
+    frontend_service_s: float = FRONTEND_SERVICE_S
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
 
     def __post_init__(self) -> None:
@@ -117,8 +121,10 @@ class ServingConfig:
             raise SimulationError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.clock not in ("forecast", "boost"):
             raise SimulationError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
-        if not (self.frontend_s >= 0 and math.isfinite(self.frontend_s)):
-            raise SimulationError(f"frontend_s must be >= 0, got {self.frontend_s!r}")
+        for name in ("frontend_s", "frontend_service_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise SimulationError(f"{name} must be >= 0, got {v!r}")
 
 
 @dataclass
@@ -235,7 +241,7 @@ class Engine:
     def __init__(self, timer: Callable[[tuple, int, int], float], prompts: np.ndarray, outputs: np.ndarray,
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
-                 fast_forward: bool = True):
+                 frontend_service_s: float = 0.0, fast_forward: bool = True):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -248,6 +254,8 @@ class Engine:
         self.free = kv_blocks
         self.thr = long_prefill_token_threshold
         self.d = frontend_s
+        self.service = frontend_service_s
+        self._frontend_free = 0.0  # when the API server is done with the requests handed to it so far
         self.fast_forward = fast_forward
         n = self.n
         self.computed = np.zeros(n, dtype=np.int64)
@@ -271,7 +279,10 @@ class Engine:
             i = self.sent
             self.sent += 1
             self.t_send[i] = t
-            heapq.heappush(self.arrivals, (t + self.d, i))
+            # the API server handles requests one at a time: a burst reaches the engine spread out, and an idle
+            # engine starts a step with the first one alone
+            self._frontend_free = max(self._frontend_free, t + self.d) + self.service
+            heapq.heappush(self.arrivals, (self._frontend_free, i))
 
     def _arrive(self) -> None:
         while self.arrivals and self.arrivals[0][0] <= self.t + 1e-12:
@@ -584,7 +595,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                               f"({int(prompts.max())} tokens): vLLM refuses to start")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
-                 cfg.long_prefill_token_threshold, cfg.frontend_s)
+                 cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s)
     eng.run()
     return _result(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                    kv_tokens, bs, keep_requests)
@@ -641,6 +652,7 @@ def _result(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched, "prefix_caching_hits": False, "preemption": "recompute",
             "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,
+            "frontend_service_ms_per_request": 1e3 * cfg.frontend_service_s,
         },
         memory=mem, steps=steps)
     if keep:
