@@ -237,29 +237,43 @@ class ResidualTracker:
             return
         # 1. multiplicative scales per op class (log space, robust)
         u = fit_scales(X, y, self._u, self.ridge)
-        f = X @ np.exp(u)
-        err_scales = float(np.median(np.abs(y - f) / y))
-        # 2. additive host terms on the residual, two rounds of back-fitting; kept only if they help
+        # 2. additive host terms on what is left, kept only if they predict held-out steps better (fitted on
+        # every other step of the window, scored on the others): on noisy steps they would otherwise chase noise
         host = None
-        best_err = err_scales
-        u_h = u
-        for _ in range(2):
-            h = self._fit_host(H, y - X @ np.exp(u_h), y)
-            if h is None:
-                break
-            y_rest = y - H @ h
-            if np.any(y_rest <= 0.1 * y):
-                break
-            u_h = fit_scales(X, y_rest, u_h, self.ridge)
-            err = float(np.median(np.abs(y - X @ np.exp(u_h) - H @ h) / y))
-            if err < 0.98 * best_err:
-                best_err, host, u = err, h, u_h
-            else:
-                break
+        if k >= 2 * self.min_fit:
+            tr, te = slice(0, None, 2), slice(1, None, 2)
+            u_tr = fit_scales(X[tr], y[tr], u, self.ridge)
+            fit_tr = self._backfit(X[tr], H[tr], y[tr], u_tr)
+            if fit_tr is not None:
+                u_h, h = fit_tr
+                err_scales = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_tr)) / y[te]))
+                err_host = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_h) - H[te] @ h) / y[te]))
+                if err_host < 0.97 * err_scales:
+                    fit_all = self._backfit(X, H, y, u)
+                    if fit_all is not None:
+                        u, host = fit_all
         if np.all(np.isfinite(u)):
             self._u = u
             self._scales = np.exp(u)
             self._host = host
+
+    def _backfit(self, X: np.ndarray, H: np.ndarray, y: np.ndarray, u: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Host terms on the scales' residual, then the scales again on what the host terms leave (two rounds).
+        None when the terms would take more than half of any step's scaled prediction away (overfitting)."""
+        h = None
+        for _ in range(2):
+            h = self._fit_host(H, y - X @ np.exp(u), y)
+            if h is None:
+                return None
+            y_rest = y - H @ h
+            if np.any(y_rest <= 0.1 * y):
+                return None
+            u = fit_scales(X, y_rest, u, self.ridge)
+        f = X @ np.exp(u)
+        if h is None or np.any(f + H @ h < 0.5 * f):
+            return None
+        return u, h
 
     def _fit_host(self, H: np.ndarray, e: np.ndarray, y: np.ndarray) -> np.ndarray | None:
         """a + c_dec·n_dec + c_pf·n_pf ≈ e (ms) on relative error, Huber-weighted, ridge toward zero."""
