@@ -1,19 +1,19 @@
-"""Simulate vLLM serving at a fixed concurrency: mean TTFT, TPOT and output tokens/s as vLLM's serving benchmark
-reports them.
+"""Simulate vLLM serving at a fixed concurrency: the mean TTFT, TPOT and output tokens/s of vLLM's benchmark.
 
-    m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
-                    [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N] [--kv-cache-gib G]
-                    [--calibration CAL.json] [--json]
-    m2live simulate --batch FILE.csv -o OUT.csv
+  m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
+                  [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N] [--kv-cache-gib G]
+                  [--calibration CAL.json] [--json]
+  m2live simulate --batch FILE.csv -o OUT.csv
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
 ``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix-cache hits; means over all requests.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
 server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
-CPU: 2048 / 128); no long-prefill cap; KV blocks of 16 tokens, gpu_memory_utilization 0.9, a prompt admitted
-only when all its blocks fit, preemption by recompute (newest running request first); decode CUDA graphs up to
-min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU; forecast clock.
+CPU: 2048 / 128); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.9, a
+prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
+CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU; forecast
+clock; 1 ms client <-> server each way and 1 ms of the API server's serial work per request.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = __doc__.split("\n\n", 1)[1].strip()
     p.add_argument("--model", help="preset name or path to config.json / model directory")
     p.add_argument("--gpu", help="NVML name or alias (e.g. h100-sxm), or 'cpu' for the CPU device")
     p.add_argument("--tp", default="1", help="tensor-parallel size (default 1)")
