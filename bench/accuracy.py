@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accuracy_fp8 import score_fp8  # noqa: E402  (the "fp8" section: opbench_fp8 GEMMs)
 
-from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, forecast_clock_ratio, transfer  # noqa: E402
+from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
@@ -30,8 +30,10 @@ from m2live.validate import RowPredictor, in_core_region, mape, measured, read_t
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GEMM_BASELINE = roofline_predictor(0.75)  # the same baseline the planner's decision-quality check uses
-CALIBRATION = {"a100_sxm": "ampere", "h100_sxm": "hopper"}
-OTHER = {"ampere": "hopper", "hopper": "ampere"}
+CALIBRATION = {"a100_sxm": "ampere", "h100_sxm": "hopper", "b300_sxm": "blackwell"}
+# the nearest other calibration family: the "leave-one-GPU-out" column and the per-constant attribution use it;
+# the full leave-one-architecture-out matrix (fit on one, predict the other two) is in "loo_matrix"
+OTHER = {"ampere": "hopper", "hopper": "blackwell", "blackwell": "hopper"}
 VIDUR_OPS = {  # Vidur column → our op, and its (N, K) for (n_head, n_kv, d, n_embd, n_expanded, tp)
     "attn_pre_proj": ("qkv", lambda h, kv, d, e, x, tp: ((h + 2 * kv) * d // tp, e)),
     "attn_post_proj": ("o", lambda h, kv, d, e, x, tp: (e, h * d // tp)),
@@ -58,36 +60,48 @@ def baseline_ms(kind: str, row: dict[str, str], gpu_name: str) -> float:
     return max(flops / peak, nbytes / bw) * 1e3
 
 
-def score_calibration() -> dict:
+def score_calibration() -> tuple[dict, dict]:
+    """Per calibration GPU and kind: in-sample, leave-one-GPU-out (constants of OTHER[arch]) and baseline MAPE;
+    and the leave-one-architecture-out matrix: each GPU predicted with each calibration family's fitted numbers
+    (its own kernel facts and datasheet kept), the diagonal being in-sample."""
     out: dict = {}
+    matrix: dict = {}
+    sources = list(CALIBRATION.values())
     for folder, arch in CALIBRATION.items():
-        in_rp = RowPredictor(constants={arch: ARCH[arch]})
-        loo_rp = RowPredictor(constants={arch: transfer(ARCH[arch], ARCH[OTHER[arch]])})
+        rps = {src: RowPredictor(constants={arch: ARCH[arch] if src == arch else transfer(ARCH[arch], ARCH[src])})
+               for src in sources}
         for path in sorted((SHARED / "opbench" / folder).glob("*.csv")):
             t = read_table(path)
             meas = measured(t)
             assert meas is not None
-            pin, ploo = in_rp.predict_table(t), loo_rp.predict_table(t)
-            groups: dict[str, list[tuple[float, float, float, float]]] = {}
-            for kind, row, m, a, b in zip(t.kinds, t.rows, meas, pin, ploo, strict=True):
-                base = baseline_ms(kind, row, row["device"])
-                groups.setdefault(f"{kind}/all", []).append((m, a, b, base))
+            preds = {src: rp.predict_table(t) for src, rp in rps.items()}
+            groups: dict[str, list[tuple[float, float, dict[str, float]]]] = {}
+            for i, (kind, row, m) in enumerate(zip(t.kinds, t.rows, meas, strict=True)):
+                entry = (m, baseline_ms(kind, row, row["device"]), {src: p[i] for src, p in preds.items()})
+                groups.setdefault(f"{kind}/all", []).append(entry)
                 if in_core_region(kind, row):
-                    groups.setdefault(f"{kind}/core", []).append((m, a, b, base))
+                    groups.setdefault(f"{kind}/core", []).append(entry)
             gpu = t.rows[0]["device"]
             for key, vals in groups.items():
                 kind, region = key.split("/")
-                def mape(i: int, vals=vals) -> float:
-                    return round(100 * sum(abs(v[i] - v[0]) / v[0] for v in vals) / len(vals), 2)
+
+                def err(pick, vals=vals) -> float:
+                    return round(100 * sum(abs(pick(v) - v[0]) / v[0] for v in vals) / len(vals), 2)
+
+                by_src = {src: err(lambda v, src=src: v[2][src]) for src in sources}
                 out.setdefault(gpu, {})[key] = {
                     "kind": kind,
                     "region": ("N,K in [1024,16384], every M" if kind == "gemm" else "head_dim 128")
                     if region == "core" else "all rows",
-                    "rows": len(vals), "mape_in_sample": mape(1), "mape_leave_one_gpu_out": mape(2),
-                    "mape_baseline_eta0.75": mape(3),
+                    "rows": len(vals), "mape_in_sample": by_src[arch],
+                    "mape_leave_one_gpu_out": by_src[OTHER[arch]],
+                    "mape_baseline_eta0.75": err(lambda v: v[1]),
                     "constants_in_sample": arch, "constants_loo": OTHER[arch],
                 }
-    return out
+                if region == "core":
+                    matrix.setdefault(gpu, {})[kind] = {"constants_from": by_src,
+                                                        "baseline_eta0.75": err(lambda v: v[1])}
+    return out, matrix
 
 
 def loo_attribution() -> dict:
@@ -139,7 +153,7 @@ def score_vidur() -> dict:
                         # Vidur times each projection over repeated runs (sustained load): score the boost
                         # clock and the clock forecast from the power cap
                         tb = om.gemm(m, n, k, 1.0, l2_warm=True).t
-                        f = forecast_clock_ratio(om.gpu.tdp_w, om.peak, om.gpu.arch, 2.0 * m * n * k / (tb * om.peak))
+                        f = om.clock_ratio(2.0 * m * n * k, tb)  # sustained: Vidur's repeated timings
                         tf = om.gemm(m, n, k, f, l2_warm=True).t
                         errs.setdefault(op, []).append(abs(tb * 1e3 - ms) / ms)
                         errs_f.setdefault(op, []).append(abs(tf * 1e3 - ms) / ms)
@@ -160,21 +174,31 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/accuracy.json")
     args = ap.parse_args()
+    calibration, loo_matrix = score_calibration()
     res = {
         "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "clock": "boost (opbench rows are short bursts of a CUDA-graph loop)",
         "fitted_on": {a: ARCH[a].fitted_on for a in CALIBRATION.values()},
-        "calibration": score_calibration(),
+        "calibration": calibration,
+        "loo_matrix": loo_matrix,
         "vidur_validation": score_vidur(),
         "gemm_loo_attribution": loo_attribution(),
         "fp8": score_fp8(),
     }
+    from accuracy_calibrated import calibrated_section  # plan -> fit on those rows -> score the others
+
+    res["calibrated"] = calibrated_section()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     for gpu, kinds in res["calibration"].items():
         for key, v in kinds.items():
             print(f"{gpu:24s} {key:26s} rows={v['rows']:6d} in-sample={v['mape_in_sample']:6.2f}% "
                   f"LOO={v['mape_leave_one_gpu_out']:6.2f}% baseline={v['mape_baseline_eta0.75']:6.2f}%")
+    for gpu, kinds in res["loo_matrix"].items():
+        for kind, v in kinds.items():
+            print(f"LOO matrix {gpu:24s} {kind:18s} " + "  ".join(f"from {src} {x:6.2f}%" for src, x
+                                                                in v["constants_from"].items())
+                  + f"  baseline {v['baseline_eta0.75']:.2f}%")
     for key, ops in res["vidur_validation"].items():
         print(f"vidur {key}: " + ", ".join(f"{op} {v['mape_boost_clock']:.1f}% boost / "
                                            f"{v['mape_forecast_clock']:.1f}% forecast"

@@ -21,6 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hardware import GpuSpec
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,9 @@ class ArchConstants:
     i_crit: float  # tile intensity BM*BN/(BM+BN) [elements] from which operand movement stops stalling MMAs
     k0: float  # prologue+epilogue cost of one output tile, in K elements of main-loop work (eta_duty)
     t_kernel: float  # fixed latency of one kernel (s): dispatch inside a CUDA graph, pipeline fill, tail
-    eta_mem: float  # streaming DRAM efficiency (achieved / datasheet bandwidth)
-    mem_ramp: float  # achieved DRAM bandwidth ramps with the bytes streamed: eta_mem * (1 - mem_ramp/sqrt(MB))
+    eta_mem: float  # streaming DRAM efficiency (achieved / datasheet bandwidth) on the memory it was fitted on
+    t_ramp: float  # Little's law: a kernel needs BW * t_ramp bytes in flight to stream at eta_mem (s)
     overlap: float  # p of the soft roofline (tc^p + tm^p)^(1/p): imperfect compute/memory overlap near the ridge
-    l2_speedup: float  # weight re-read from L2 (benchmark loops without a flush) vs from DRAM; never in serving
     # --- attention (vLLM's FlashAttention call: metadata, KV-cache write, the kernel) ---
     t_attn: float  # floor of one attention call (s): no call is faster (launches, metadata, KV write)
     t_attn_over: float  # fixed part of an attention call that does not overlap its body (s)
@@ -53,71 +56,92 @@ class ArchConstants:
     attn_row_pad: int = 0  # prefill query rows are padded to this block (0: the kernel packs heads, no padding)
     attn_block_m: int = 128  # query rows per prefill attention CTA
     cta_slots: int = 4  # decode CTAs resident per SM
+    # bytes per SM per SM clock the kernels stream out of L2 when a benchmark loop re-reads an operand that fits:
+    # 19.0 fitted on the B300 GEMM table (126.5 MB of L2 holds six copies of weights up to 21 MB; it fits
+    # 7.4 on the H100 and ~0 gain on the A100, where L2 re-reads are not faster than DRAM: the min() keeps them
+    # at DRAM speed). Far below the A100 whitepaper's raw 47 B/clk/SM: a GEMV's loads, not the L2, set the rate.
+    l2_bytes_per_clk: float = 19.0
     tiles: tuple[tuple[int, int], ...] = (
         (64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128),
     )
+    memory: str = ""  # DRAM technology of the calibration GPU the DRAM efficiencies were fitted on
     # fp8 only (ARCH_FP8): vLLM's CUDA input quantisation (scaled_fp8_quant) runs one CTA per token row
     q_row: float = 0.0  # SM-time one token row costs each quantisation kernel (s)
-    eta_q: float = 1.0  # DRAM streaming efficiency of those kernels
+    q_sm_bw: float = 0.0  # bytes/s one SM's quantisation CTAs stream (one row each: few bytes in flight)
     fitted_on: str = ""
     borrowed_from: str | None = None
 
 
 # Fitted by bench/fit_constants.py (`make fit`) on ../shared/data/opbench ONLY: ampere on the A100-SXM4-80GB
-# tables, hopper on the H100 80GB HBM3 tables (GEMMs with N,K in [1024, 16384], every M; prefill and decode
-# attention with head_dim 128). results/constants.json holds the fit and its leave-one-GPU-out check. Reading:
-# - eta_tc 1.00 (A100) vs 0.82 (H100) of peak at the NVML max clock: the H100's tensor figure is quoted at
-#   1830 MHz, not its 1980 MHz max, and it runs below max under tensor load even in short bursts — part of
-#   "eta_tc" on Hopper is f_clk, which is why the live clock matters most there.
-# - eta_mem 0.83 (HBM2e, A100) vs 0.97 (HBM3, H100): achieved/peak DRAM bandwidth of long weight streams. The
-#   ramp with the bytes W one kernel moves, (1 - mem_ramp/sqrt(W MB)), is the seed's law with mem_ramp = 1 on
-#   every architecture: fitted independently it came out 1.07 (A100) and 1.00 (H100), so it is fixed, not fitted.
-# - i_crit 37 vs 15 elements: the tile intensity at which operand feed stops limiting the MMAs (soft minimum,
-#   ACTIVE_SOFTNESS): Hopper's wgmma reads operands from shared memory asynchronously, so smaller tiles still keep
-#   the tensor cores busy; Ampere's mma.sync needs 128-wide tiles.
-# - k0 367 / 191 K-elements: per-tile prologue/epilogue (Hopper's TMA pipeline fills faster).
-# - k_split 768 / 1792 K-elements (chosen on a grid): the shortest K slice the library's split-K kernels give
-#   one CTA — cuBLAS on Hopper splits K less eagerly than on Ampere.
-# - t_kernel 1.5 / 1.8 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice: the
-#   reduction); overlap p 2.4 / 3.2: how hard the roofline max is near the ridge.
-# - attention: ~12 us floor of one vLLM attention call on both GPUs; FlashAttention-2 (A100) at 0.58 and
-#   FlashAttention-3 (H100) at 0.65 of peak with a per-CTA prologue/epilogue worth 170 / 430 keys per query row
-#   (FA2 pads a chunk's rows to blocks of 64: one head per CTA; FA3 packs the heads of a group, no padding);
-#   ~4 us of SM time per (sequence x KV head) decode item, hidden behind streaming once CTAs share the SMs;
-#   prefill block cost ~3 us on H100 and ~0 on A100 (there the padded-row prologue already carries it);
-#   decode KV streams at 0.71 (A100) / 0.88 (H100) of peak DRAM bandwidth, one decode CTA at <= 22 / 23 GB/s
-#   (read off plain multi-head decode, where FA2 runs one CTA per head over the whole cache); the split-KV
-#   combine kernel costs 7 us on A100 and 2 us on H100; FA2's grouped-query relayout (q into group-rows and
-#   the output back, two copies) 7 us.
+# tables, hopper on the H100 80GB HBM3 tables, blackwell on the B300 SXM6 AC tables (GEMMs with N,K in
+# [1024, 16384], every M; prefill and decode attention with head_dim 128), every row predicted as `m2live validate`
+# does it: the burst clock of the power model (TAU_CLOCK, BLACKWELL_SUSTAINED) and L2 re-reads of the loop.
+# results/constants.json holds the fit and its leave-one-architecture-out check. Reading:
+# - eta_tc 1.00 (A100), 0.88 (H100), 0.77 (B300) of the dense peak at the NVML max clock, with the burst
+#   droop now in f_clk (it was 0.82 on the H100 with the clock held at boost): the H100 and B300 tensor figures
+#   are quoted at 1830 / 1856 MHz, below their 1980 / 2032 MHz maxima, so ~0.92 of eta_tc there is the quote.
+# - eta_mem 0.78 (HBM2e, A100), 0.92 (HBM3, H100), 0.88 (HBM3e, B300): the streaming ceiling of each memory
+#   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
+#   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
+#   62 ns on the B300 (W0 = 0.5 MB at 8 TB/s).
+# - i_crit 34 / 16 / 4.5 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
+#   minimum, ACTIVE_SOFTNESS): Ampere's mma.sync needs 128-wide tiles, Hopper's wgmma reads shared memory
+#   asynchronously, Blackwell's tcgen05 keeps its accumulators in TMEM and its operands in shared memory.
+# - k0 326 / 237 / 2 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
+#   while the next tile's main loop runs).
+# - k_split 768 / 2048 / 1536 K-elements (chosen on a grid): the shortest K slice cuBLAS's split-K hands a CTA.
+# - t_kernel 2.6 / 2.8 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
+#   overlap p 2.3 / 3.0 / 2.2: how hard the roofline max is near the ridge.
+# - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
+#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.76 (FA3) / 0.77 (TRT-LLM) with a per-CTA
+#   prologue/epilogue of 190 / 535 / 585 keys per query row; decode KV streams at 0.73 / 0.88 / 0.89 of DRAM peak;
+#   ~4 / 4 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 7.8 / 2.3 / 0.7 us; FA2's
+#   grouped-query relayout 7 us (A100 only); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA
+#   per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=1.0, i_crit=36.51, k0=366.5, t_kernel=1.472e-06, eta_mem=0.8345, overlap=2.449,
-        mem_ramp=1.0,  # the seed's eta_mem(W) law with c = 1 (not fitted: see above)
-        l2_speedup=1.0,  # no measurable L2 re-read gain in opbench (fit: 1.00)
-        k_split=768,
-        t_attn=1.179e-05, t_attn_over=8.155e-06, eta_attn=0.5822, k0_attn=170.9, eta_attn_mem=0.7109,
-        item_cost=4.099e-06, block_cost=2.318e-07, cta_bw=2.211e+10, t_split=7.227e-06, t_relayout=7.294e-06,
+        eta_tc=1, i_crit=34.39, k0=325.8, t_kernel=2.614e-06, eta_mem=0.7788, overlap=2.322,
+        t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.6098, k0_attn=192.9, eta_attn_mem=0.7334,
+        item_cost=4.272e-06, block_cost=4.148e-07, cta_bw=2.161e+10, t_split=7.776e-06, t_relayout=7.157e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
-        fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
+        memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.8215, i_crit=14.9, k0=191, t_kernel=1.821e-06, eta_mem=0.9719, overlap=3.209,
-        mem_ramp=1.0, l2_speedup=1.0, k_split=1792,
-        t_attn=1.194e-05, t_attn_over=9.201e-06, eta_attn=0.6493, k0_attn=434, eta_attn_mem=0.8793,
-        item_cost=3.95e-06, block_cost=2.961e-06, cta_bw=2.333e+10, t_split=1.758e-06,
-        fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
+        eta_tc=0.8755, i_crit=16.28, k0=236.9, t_kernel=2.767e-06, eta_mem=0.9171, overlap=3.038,
+        t_ramp=0.0, k_split=2048,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.7609, k0_attn=535, eta_attn_mem=0.88,
+        item_cost=3.712e-06, block_cost=2.828e-06, cta_bw=3.581e+13, t_split=2.284e-06,
+        memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
+    ),
+    "blackwell": ArchConstants(
+        eta_tc=0.7688, i_crit=4.452, k0=1.858, t_kernel=2.221e-06, eta_mem=0.8832, overlap=2.226,
+        t_ramp=6.237e-08, k_split=1536,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.7666, k0_attn=584.8, eta_attn_mem=0.8873,
+        item_cost=1.593e-06, block_cost=2.716e-06, cta_bw=6.08e+10, t_split=6.66e-07,
+        # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
+        # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300
+        # prefill 13.8 % with no padding, 12.0 % with 128)
+        attn_row_pad=128,
+        # tcgen05 MMAs: a CTA pair shares one 256-wide tile (2-SM UMMA), so cuBLAS has 256x256 tiles too
+        tiles=((64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128), (256, 256)),
+        memory="HBM3e", fitted_on="opbench b300_sxm (NVIDIA B300 SXM6 AC), bench/fit_constants.py",
     ),
 }
-# Unmeasured architectures: nearest measured generation of the tensor-core/memory pipeline.
-ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline)")
-ARCH["blackwell"] = replace(ARCH["hopper"], borrowed_from="hopper (TMA + async tensor-core pipeline)")
+# Families no calibration table measured borrow the measured family whose kernels they run (GpuSpec.kernel_family):
+# Ada (sm_89) and GB202 (sm_120, RTX Blackwell) issue mma.sync like Ampere and run FlashAttention-2 in vLLM —
+# GB202 has neither Hopper's wgmma nor data-centre Blackwell's tcgen05/TMEM, so Hopper/B300 numbers would
+# describe kernels it cannot run. Their own datasheets (SMs, clocks, peaks, memory, L2) do the rest.
+ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
+ARCH["blackwell_rtx"] = replace(ARCH["ampere"], borrowed_from="ampere (GB202/sm_120 issues mma.sync and runs "
+                                "FA2: no wgmma, no tcgen05/TMEM)")
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
 # The CPU device (m2live/cpu_device.py) measures the engine's own kernels' *effective* FLOP/s and bandwidth, so
 # the GEMM factors are 1 here (eta_tc = 1, no operand-feed limit, full streaming efficiency); the per-call costs
 # and the attention efficiencies below are defaults that cpu_device.device_constants replaces with measured ones.
 ARCH["cpu"] = ArchConstants(
-    eta_tc=1.0, i_crit=0.0, k0=0.0, t_kernel=5e-6, eta_mem=1.0, mem_ramp=0.0, overlap=8.0, l2_speedup=1.0,
+    eta_tc=1.0, i_crit=0.0, k0=0.0, t_kernel=5e-6, eta_mem=1.0, t_ramp=0.0, overlap=8.0,
     t_attn=10e-6, t_attn_over=5e-6, eta_attn=0.3, k0_attn=0.0, eta_attn_mem=0.6, item_cost=0.0,
     block_cost=0.0, cta_bw=1e12,
     attn_block_m=1, cta_slots=1, tiles=((1, 1),),
@@ -129,7 +153,7 @@ ARCH["cpu"] = ArchConstants(
 # else in ArchConstants is a kernel fact (tile shapes, query block, resident CTAs, split rule) that belongs to the
 # architecture's kernels and never transfers between them.
 FITTED_GROUPS: dict[str, tuple[str, ...]] = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "k_split"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_relayout"),
 }
@@ -140,6 +164,35 @@ def transfer(target: ArchConstants, source: ArchConstants) -> ArchConstants:
     """``target``'s kernel facts with ``source``'s fitted numbers (the leave-one-GPU-out check)."""
     return replace(target, **{n: getattr(source, n) for n in FITTED}, fitted_on=source.fitted_on,
                    borrowed_from=None)
+
+
+# DRAM streaming ceiling by memory technology (achieved / datasheet bandwidth of a long stream). Where a
+# calibration GPU has that memory, it is that GPU's fitted GEMM eta_mem; for GDDR, which no calibration GPU has,
+# it is the public figure: STREAM-type benchmarks of GDDR6/GDDR6X/GDDR7 cards reach ~0.95 of the datasheet
+# bandwidth (GDDR's point-to-point channels have no HBM-style refresh and bank-group turnaround penalties at
+# this scale). HBM2 (A30) is taken as HBM2e. A GPU whose memory differs from its kernel family's calibration
+# GPU keeps the family's *share* of the ceiling: eta_mem and eta_attn_mem scale by the ratio of the ceilings.
+MEMORY_FITTED_ON = {"HBM2e": "ampere", "HBM2": "ampere", "HBM3": "hopper", "HBM3e": "blackwell"}
+MEMORY_PUBLIC_CEILING = {"GDDR6": 0.95, "GDDR6X": 0.95, "GDDR7": 0.95}
+
+
+def memory_ceiling(memory: str) -> float | None:
+    """Streaming ceiling of a memory technology, or None when neither measured nor published."""
+    if memory in MEMORY_FITTED_ON:
+        return ARCH[MEMORY_FITTED_ON[memory]].eta_mem
+    return MEMORY_PUBLIC_CEILING.get(memory)
+
+
+def constants_for(gpu: GpuSpec, dtype: str = "bf16") -> ArchConstants:
+    """The constants m2live uses on ``gpu``: its kernel family's, with the DRAM efficiencies moved to the GPU's
+    own memory technology. A calibration (``m2live calibrate``) replaces fields of this on top."""
+    c = arch_constants(gpu.kernel_family, dtype)
+    own, fitted = memory_ceiling(gpu.memory), memory_ceiling(c.memory)
+    if own is None or fitted is None or own == fitted:
+        return c
+    r = own / fitted
+    return replace(c, eta_mem=min(1.0, c.eta_mem * r), eta_attn_mem=min(1.0, c.eta_attn_mem * r),
+                   memory=gpu.memory)
 
 
 def arch_constants(arch: str, dtype: str = "bf16") -> ArchConstants:
@@ -246,14 +299,47 @@ def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, a
     return budget / (activity * peak_boost * sustained_ratio**3)
 
 
-# Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost.
+# Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost, at the tensor activity
+# m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: 0.90 on the A100,
+# 0.81 on the H100, 0.90 on the L40S with the constants below; tests/test_transfer_physics.py checks that the
+# forecast reproduces the three seed clocks).
 ENERGY_PER_FLOP: dict[str, float] = {
-    "ampere": _energy_from_anchor(400.0, 312e12, 1125 / 1410),  # A100-SXM4-80GB
-    "hopper": _energy_from_anchor(700.0, 989.4e12 * 1980 / 1830, 1380 / 1980),  # H100-SXM
-    "ada": _energy_from_anchor(350.0, 362.05e12, 1425 / 2520),  # L40S
+    "ampere": _energy_from_anchor(400.0, 312e12, 1125 / 1410, 0.90),  # A100-SXM4-80GB
+    "hopper": _energy_from_anchor(700.0, 989.4e12 * 1980 / 1830, 1380 / 1980, 0.81),  # H100-SXM
+    "ada": _energy_from_anchor(350.0, 362.05e12 * 2520 / 2490, 1425 / 2520, 0.90),  # L40S
+    # B300 SXM6 AC (1100 W, 2.25 PF at 1856 MHz, 2032 MHz max): no sustained measurement exists, so its
+    # sustained ratio under a full-activity GEMM is fitted on the B300 opbench bursts through the burst model
+    # below (BLACKWELL_SUSTAINED, bench/fit_constants.py --clock power)
+    "blackwell": 0.0,
+    # GB202 (RTX Blackwell): the seed's RTX 5090 cap sweep — power-capped at 400 W it holds 2452 MHz under
+    # tensor load (209.5 TF at 2407 MHz, fp32 accumulate); the same energy per FLOP is assumed for the RTX PRO
+    "blackwell_rtx": 400.0 * (1 - IDLE_FRACTION) / (209.5e12 * 2452 / 2407),
 }
-ENERGY_PER_FLOP["blackwell"] = ENERGY_PER_FLOP["hopper"]  # borrowed: no Blackwell anchor measured
+BLACKWELL_SUSTAINED = 0.60  # fitted on opbench b300_sxm GEMM bursts (NVIDIA B300 SXM6 AC): see ENERGY_PER_FLOP
+ENERGY_PER_FLOP["blackwell"] = _energy_from_anchor(1100.0, 2250e12 * 2032 / 1856, BLACKWELL_SUSTAINED)
 ENERGY_PER_FLOP["cpu"] = 0.0
+
+# One clock model for bursts and sustained load. A load that starts on an idle board runs at the boost clock;
+# as board power and die temperature catch up, the firmware walks the clock down to the power-capped sustained
+# clock (forecast_clock_ratio) — an exponential approach with time constant TAU_CLOCK (power averaging window
+# and thermal rise together). A kernel timed over a burst of D seconds sees the mean over the burst:
+#   f(D) = f_s + (1 - f_s) * (1 - exp(-D/tau)) / (D/tau)
+# so short benchmark bursts (opbench: 3 warm-up + 6 x 5 back-to-back calls) stay near boost, a long burst on a
+# card whose TDP cannot feed its tensor peak (L40S) droops within it, and serving (D -> infinity) runs at f_s.
+TAU_CLOCK = 0.03  # s: fitted jointly on the opbench GEMM bursts of A100, H100 and B300 (bench/fit_constants.py)
+BENCH_CALLS = 33  # calls in one opbench measurement: 3 warm-up runs + 6 replays of 5 calls (NOTICE.md)
+
+
+def clock_ratio(tdp_w: float, peak_flops_boost: float, arch: str, tensor_activity: float,
+                mem_activity: float = 0.0, duration_s: float = math.inf) -> float:
+    """f_clk for work with the given tensor and DRAM activity at boost (0..1), sustained for ``duration_s``
+    (the mean over the burst; infinity = steady serving load)."""
+    sustained = forecast_clock_ratio(tdp_w, peak_flops_boost, arch, tensor_activity, mem_activity)
+    if sustained >= 1.0 or math.isinf(duration_s):
+        return sustained
+    x = max(0.0, duration_s) / TAU_CLOCK
+    mean_excess = (1.0 - math.exp(-x)) / x if x > 1e-9 else 1.0
+    return sustained + (1.0 - sustained) * mean_excess
 
 
 def forecast_clock_ratio(
@@ -275,24 +361,25 @@ def forecast_clock_ratio(
 # fp32 accumulation, bf16 output. CUTLASS picks its own tiles and pipelines (not cuBLAS's), so its GEMM
 # constants are fitted separately, by bench/fit_fp8.py on ../shared/data/opbench_fp8 ONLY (GEMMs with N,K in
 # [1024, 16384], every M): hopper on h100_sxm (NVIDIA H100 80GB HBM3), blackwell on b300_sxm (NVIDIA B300 SXM6
-# AC). Only the GEMM group is fitted; everything else (attention, kernel facts) is the bf16 arch's, because
-# vLLM keeps attention and the KV cache in bf16. ``results/fp8_constants.json`` holds the fit and its
+# AC). Only the GEMM group and the input quantisation's two constants are fitted; everything else (attention,
+# kernel facts) is the bf16 arch's, because vLLM keeps attention and the KV cache in bf16. ``results/fp8_constants.json`` holds the fit and its
 # leave-one-GPU-out check.
 # --------------------------------------------------------------------------------------------------
 # Reading: every opbench_fp8 row is vLLM's fp8 linear layer on a bf16 input, so it includes the input
 # quantisation — vLLM's CUDA scaled_fp8_quant with a dynamic per-tensor scale, two kernels of one CTA per token
 # row: ~0.4 us of SM time per row and kernel (q_row: the tables' latency grows by ~7 ns per row at N = K = 32 on
-# both GPUs), streaming at 0.59 (H100) / 0.33 (B300) of peak DRAM bandwidth (eta_q: one CTA per row keeps few
-# bytes in flight, and the B300's 8 TB/s needs 2.4x the H100's). Without it the bf16 constants priced the tables
-# 42 % / 53 % too fast. CUTLASS's tensor-core ceiling eta_tc is 0.67 (H100) / 0.77 (B300) of the fp8 peak at
-# the NVML max clock (cuBLAS bf16 on the H100: 0.82); on the H100 the k_split grid picks "never" (65536):
-# vLLM's sm90 fp8 configs have no split-K. In-sample MAPE 9.3 % (H100) / 7.1 % (B300), leave-one-GPU-out
-# 14.4 % / 10.8 % (results/fp8_constants.json).
+# both GPUs), streaming at ~15 / 18 GB/s per SM (q_sm_bw, H100 / B300: one CTA per row keeps few bytes in
+# flight — 0.58 / 0.33 of the DRAM peak; as a fraction of peak it did not transfer, LOO 14.4 / 10.8 %, per SM it
+# does). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
+# eta_tc is 0.69 (H100) / 0.75 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16 on the H100: 0.82); on
+# the H100 the k_split grid picks "never" (65536): vLLM's sm90 fp8 configs have no split-K.
+# In-sample MAPE 9.3 % (H100) / 7.0 % (B300), leave-one-GPU-out 11.7 % / 9.1 % (results/fp8_constants.json).
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": dict(eta_tc=0.6737, i_crit=34.54, k0=2.447, t_kernel=1.719e-06, eta_mem=0.8641,
-                   t_ramp=3.586e-09, overlap=2.356, k_split=65536, q_row=4.495e-07, eta_q=0.5891),
-    "blackwell": dict(eta_tc=0.7716, i_crit=8.738, k0=32.52, t_kernel=1.7e-06, eta_mem=0.9844,
-                      t_ramp=3.852e-07, overlap=1.358, k_split=4096, q_row=3.494e-07, eta_q=0.3319),
+    "hopper": dict(eta_tc=0.6902, i_crit=34.43, k0=56.06, t_kernel=1.731e-06, eta_mem=0.8581,
+                   t_ramp=6.844e-10, overlap=2.335, k_split=65536, q_row=4.363e-07, q_sm_bw=14700000000.0),
+    "blackwell": dict(eta_tc=0.749, i_crit=7.394, k0=19.94, t_kernel=1.715e-06, eta_mem=0.9809,
+                      t_ramp=8.524e-07, overlap=1.471, k_split=4096, q_row=3.759e-07,
+                      q_sm_bw=17750000000.0),
 }
 ARCH_FP8: dict[str, ArchConstants] = {
     arch: replace(ARCH[arch], **fit, fitted_on=f"opbench_fp8 {folder}, bench/fit_fp8.py (GEMM group only)")
@@ -308,7 +395,7 @@ for _fam in ("ada", "blackwell_rtx"):
 # What bench/fit_fp8.py fits (fit_constants' machinery, group "fp8_gemm"): the GEMM group plus the two constants
 # of the input quantisation that every opbench_fp8 row includes (the collector times vLLM's fp8 linear layer on
 # a bf16 input). Kept out of FITTED: the bf16 leave-one-GPU-out check has nothing to do with them.
-FITTED_GROUPS["fp8_gemm"] = (*FITTED_GROUPS["gemm"], "q_row", "eta_q")
+FITTED_GROUPS["fp8_gemm"] = (*FITTED_GROUPS["gemm"], "q_row", "q_sm_bw")
 
 
 def transfer_fp8(target: ArchConstants, source: ArchConstants) -> ArchConstants:

@@ -41,6 +41,7 @@ class GpuSpec:
     interconnect: str  # "nvlink" | "pcie" | "c2c" | "none"
     interconnect_gbs: float  # per direction, per GPU
     source: str
+    memory: str = "DRAM"  # DRAM technology: HBM2 | HBM2e | HBM3 | HBM3e | GDDR6 | GDDR6X | GDDR7 (datasheets)
     aliases: tuple[str, ...] = ()
     nvml_names: tuple[str, ...] = ()  # other exact NVML strings the same part reports
 
@@ -51,6 +52,24 @@ class GpuSpec:
             raise ValueError(f"{self.name} has no dense {dtype} tensor throughput")
         f = self.boost_mhz if clock_mhz is None else clock_mhz
         return tf * 1e12 * f / self.tflops_at_mhz
+
+    @property
+    def kernel_family(self) -> str:
+        """Which measured kernels this GPU runs, from its compute capability (not its marketing name):
+        sm_80/86 Ampere (mma.sync GEMMs, FlashAttention-2), sm_89 Ada (the same instruction family),
+        sm_90 Hopper (wgmma + TMA GEMMs, FlashAttention-3), sm_100/103 Blackwell data-centre (tcgen05 + TMEM
+        GEMMs, FlashInfer TRT-LLM attention), sm_120 GB202 (RTX Blackwell: no tcgen05/TMEM and no wgmma —
+        mma.sync GEMMs and FlashAttention-2, like Ampere/Ada)."""
+        if self.arch == "cpu":
+            return "cpu"
+        major = self.compute_capability[0]
+        if major >= 12:
+            return "blackwell_rtx"
+        if major == 10:
+            return "blackwell"
+        if major == 9:
+            return "hopper"
+        return "ada" if self.compute_capability >= (8, 9) else "ampere"
 
     @property
     def mem_bw(self) -> float:
@@ -85,7 +104,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-SXM4-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1095, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (A100 40GB SXM: 312 TF dense BF16, 1,555 GB/s, 400 W, NVLink3 600 GB/s "
                "total) + A100 whitepaper (108 SMs, 1410 MHz boost, 40 MB L2); base clock 1095 MHz per "
                "nvidia-smi default application clock",
@@ -94,14 +113,14 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-SXM4-80GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1275, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        mem_bw_gbs=2039, mem_gb=80, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM2e", mem_bw_gbs=2039, mem_gb=80, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (2021) + A100 whitepaper table 'A100 SXM4 80GB'",
         aliases=("a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100"),
     ),
     GpuSpec(
         name="NVIDIA A100-PCIE-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=765, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A100 datasheet (A100 40GB PCIe: 312 TF dense BF16, 1,555 GB/s, 250 W, PCIe Gen4 "
                "64 GB/s bidirectional; the optional 2-GPU NVLink bridge is not assumed) + A100 whitepaper "
                "(108 SMs, 40 MB L2); base 765 MHz per the board's published clocks",
@@ -110,7 +129,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100 80GB PCIe", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1065, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        mem_bw_gbs=1935, mem_gb=80, l2_mb=40, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2e", mem_bw_gbs=1935, mem_gb=80, l2_mb=40, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A100 datasheet (A100 80GB PCIe: 312 TF dense BF16, 1,935 GB/s, 300 W, PCIe Gen4 "
                "64 GB/s bidirectional; optional NVLink bridge not assumed) + A100 whitepaper (108 SMs, 40 MB L2)",
         aliases=("a100-pcie", "a100-pcie-80gb", "a100-80gb-pcie"),
@@ -119,7 +138,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A10", arch="ampere", compute_capability=(8, 6), sms=72,
         base_mhz=885, boost_mhz=1695, bf16_tflops=125, fp16_tflops=125, fp8_tflops=None, tflops_at_mhz=1695,
-        mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=150, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=150, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A10 datasheet (BF16/FP16 tensor 125 | 250* TF, 24 GB GDDR6 600 GB/s, 150 W, PCIe Gen4); "
                "GA102 config 72 SMs, 885/1695 MHz, 6 MB L2 (125 TF = 72 x 1024 x 1695 MHz)",
         aliases=("a10",),
@@ -127,7 +146,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A10G", arch="ampere", compute_capability=(8, 6), sms=80,
         base_mhz=885, boost_mhz=1710, bf16_tflops=70, fp16_tflops=70, fp8_tflops=None, tflops_at_mhz=1710,
-        mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="AWS EC2 G5 (A10G: 80 RT cores = 80 SMs, 24 GB GDDR6, 600 GB/s; nvidia-smi power cap 300 W); "
                "NVIDIA publishes no A10G datasheet: dense BF16 70 TF derived = 80 SMs x 512 FLOP/clk (GA102 "
                "fp32-accumulate rate, as third-party A10G spec sheets list 70 TF) x 1710 MHz boost; base "
@@ -137,7 +156,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A30", arch="ampere", compute_capability=(8, 0), sms=56,
         base_mhz=930, boost_mhz=1440, bf16_tflops=165, fp16_tflops=165, fp8_tflops=None, tflops_at_mhz=1440,
-        mem_bw_gbs=933, mem_gb=24, l2_mb=24, tdp_w=165, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2", mem_bw_gbs=933, mem_gb=24, l2_mb=24, tdp_w=165, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A30 datasheet (BF16/FP16 165 | 330* TF, 24 GB HBM2 933 GB/s, 165 W, PCIe Gen4 64 GB/s; "
                "optional NVLink bridge 200 GB/s not assumed); GA100 config 56 SMs, 930/1440 MHz, 24 MB L2 "
                "(165 TF = 56 x 2048 x 1440 MHz)",
@@ -147,7 +166,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA A40", arch="ampere", compute_capability=(8, 6), sms=84,
         base_mhz=1305, boost_mhz=1740, bf16_tflops=149.7, fp16_tflops=149.7, fp8_tflops=None,
         tflops_at_mhz=1740,
-        mem_bw_gbs=696, mem_gb=48, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=696, mem_gb=48, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A40 datasheet (BF16 w/ FP32 acc 149.7 | 299.4* TF, 48 GB GDDR6 696 GB/s, 300 W, PCIe "
                "Gen4 64 GB/s; optional NVLink bridge 112.5 GB/s not assumed); GA102 84 SMs, 1305/1740 MHz, "
                "6 MB L2 (149.7 TF = 84 x 1024 x 1740 MHz)",
@@ -157,7 +176,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA L4", arch="ada", compute_capability=(8, 9), sms=58,
         base_mhz=795, boost_mhz=2040, bf16_tflops=121, fp16_tflops=121, fp8_tflops=242.5, tflops_at_mhz=2040,
-        mem_bw_gbs=300, mem_gb=24, l2_mb=48, tdp_w=72, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=300, mem_gb=24, l2_mb=48, tdp_w=72, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L4 datasheet (BF16/FP16 242* TF, FP8 485* TF -> dense = sparse/2; 24 GB GDDR6 300 GB/s, "
                "72 W, PCIe Gen4 x16 64 GB/s) + Ada whitepaper (AD104, 58 SMs, 795/2040 MHz, 48 MB L2; "
                "121 TF = 58 x 1024 x 2040 MHz)",
@@ -167,7 +186,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA L40", arch="ada", compute_capability=(8, 9), sms=142,
         base_mhz=735, boost_mhz=2490, bf16_tflops=181.05, fp16_tflops=181.05, fp8_tflops=362.1,
         tflops_at_mhz=2490,
-        mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L40 datasheet (BF16/FP16 181.05 | 362.1* TF, FP8 362 | 724* TF, 48 GB GDDR6 864 GB/s, "
                "300 W, PCIe Gen4; no NVLink); AD102 142 SMs, 735/2490 MHz, 96 MB L2 "
                "(181.05 TF = 142 x 512 x 2490 MHz: fp32-accumulate half rate)",
@@ -177,7 +196,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA L40S", arch="ada", compute_capability=(8, 9), sms=142,
         base_mhz=1110, boost_mhz=2520, bf16_tflops=362.05, fp16_tflops=362.05, fp8_tflops=724.1,
         tflops_at_mhz=2490,
-        mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=350, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=350, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L40S datasheet (BF16/FP16 362.05 | 733* TF, FP8 733 | 1,466* TF, 48 GB GDDR6 864 GB/s, "
                "350 W, PCIe Gen4 x16 64 GB/s; no NVLink); AD102 142 SMs, 1110/2520 MHz, 96 MB L2. BF16 "
                "362.05 = 142 x 1024 x 2490 MHz, so tflops_at_mhz = 2490; the datasheet FP8 (1,466*/2 = 733) "
@@ -188,7 +207,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GeForce RTX 4090", arch="ada", compute_capability=(8, 9), sms=128,
         base_mhz=2235, boost_mhz=2520, bf16_tflops=165.2, fp16_tflops=165.2, fp8_tflops=330.3,
         tflops_at_mhz=2520,
-        mem_bw_gbs=1008, mem_gb=24, l2_mb=72, tdp_w=450, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6X", mem_bw_gbs=1008, mem_gb=24, l2_mb=72, tdp_w=450, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column: FP16/BF16 tensor with FP32 "
                "accumulate 165.2 | 330.4* TF, FP8 with FP32 accumulate 330.3 | 660.6* TF (fp16-accumulate "
                "rates are 2x; cuBLAS bf16/fp8 GEMMs accumulate in fp32), 128 SMs, 2235/2520 MHz, 72 MB L2, "
@@ -200,7 +219,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 80GB HBM3", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        mem_bw_gbs=3350, mem_gb=80, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3", mem_bw_gbs=3350, mem_gb=80, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = "
                "sparse/2; 80 GB HBM3 3.35 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction) + H100 "
                "whitepaper (132 SMs, 50 MB L2, TFLOP/s at 1830 MHz)",
@@ -210,7 +229,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 PCIe", arch="hopper", compute_capability=(9, 0), sms=114,
         base_mhz=1125, boost_mhz=1755, bf16_tflops=756.5, fp16_tflops=756.5, fp8_tflops=1513,
         tflops_at_mhz=1620,
-        mem_bw_gbs=2000, mem_gb=80, l2_mb=50, tdp_w=350, interconnect="pcie", interconnect_gbs=64,
+        memory="HBM2e", mem_bw_gbs=2000, mem_gb=80, l2_mb=50, tdp_w=350, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA H100 datasheet, H100 PCIe column (BF16 1,513* TF, FP8 3,026* TF -> dense = sparse/2; "
                "80 GB HBM2e 2 TB/s, 300-350 W, PCIe Gen5 128 GB/s; optional NVLink bridge not assumed) + H100 "
                "whitepaper (114 SMs, 50 MB L2); 1125/1755 MHz board clocks; tflops_at_mhz derived: "
@@ -221,7 +240,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
         tflops_at_mhz=1545,
-        mem_bw_gbs=3900, mem_gb=94, l2_mb=50, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM3", mem_bw_gbs=3900, mem_gb=94, l2_mb=50, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA H100 datasheet, H100 NVL column (per GPU: BF16 1,671* TF, FP8 3,341* TF -> dense = "
                "sparse/2; 94 GB HBM3 3.9 TB/s, 350-400 W, NVLink bridge 600 GB/s = 300 per direction, PCIe "
                "Gen5 128 GB/s); 132 SMs, 1080/1785 MHz board clocks; tflops_at_mhz derived: "
@@ -232,7 +251,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H200", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = sparse/2; "
                "141 GB HBM3e 4.8 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction); same GH100 "
                "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, 50 MB L2, TF at 1830 MHz)",
@@ -242,7 +261,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H200 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
         tflops_at_mhz=1545,
-        mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 NVL column (BF16 1,671* TF, FP8 3,341* TF -> dense = sparse/2; "
                "141 GB HBM3e 4.8 TB/s, up to 600 W, 2-/4-way NVLink bridge 900 GB/s = 450 per direction, PCIe "
                "Gen5 128 GB/s); clocks not published: assumed = H100 NVL (1080/1785 MHz), tflops_at_mhz "
@@ -252,7 +271,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA H20", arch="hopper", compute_capability=(9, 0), sms=78,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=148, fp16_tflops=148, fp8_tflops=296, tflops_at_mhz=1980,
-        mem_bw_gbs=4000, mem_gb=96, l2_mb=60, tdp_w=400, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3", mem_bw_gbs=4000, mem_gb=96, l2_mb=60, tdp_w=400, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H20 product brief as reported (BF16/FP16 148 TF dense, FP8 296 TF, 96 GB HBM3 4.0 TB/s, "
                "60 MB L2, 400 W, NVLink 900 GB/s = 450 per direction); 78 SMs from its Geekbench/CUDA device "
                "report. Its tensor rate is capped by the product definition (148 TF is ~23% of 78 SMs x 4096 "
@@ -264,7 +283,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GH200 480GB", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        mem_bw_gbs=4000, mem_gb=96, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3", mem_bw_gbs=4000, mem_gb=96, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA GH200 Grace Hopper Superchip datasheet (GPU: BF16 1,979* TF, FP8 3,958* TF -> dense = "
                "sparse/2, 96 GB HBM3 4 TB/s; module TDP configurable 450-1000 W incl. CPU and LPDDR5X; "
                "NVLink-C2C 900 GB/s to Grace; NVLink4 900 GB/s = 450 per direction to GPU peers); GPU power "
@@ -278,7 +297,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GH200 144G HBM3e", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        mem_bw_gbs=4900, mem_gb=144, l2_mb=50, tdp_w=900, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4900, mem_gb=144, l2_mb=50, tdp_w=900, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA GH200 datasheet, HBM3e variant (144 GB HBM3e 4.9 TB/s; same Hopper GPU: BF16 1,979* TF, "
                "FP8 3,958* TF -> dense = sparse/2; NVLink4 450 GB/s per direction); GPU power cap 900 W assumed "
                "(module configurable up to 1000 W); die configuration and clocks as H100 SXM5",
@@ -288,7 +307,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA B200", arch="blackwell", compute_capability=(10, 0), sms=148,
         base_mhz=1665, boost_mhz=1965, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
-        mem_bw_gbs=8000, mem_gb=180, l2_mb=126.5, tdp_w=1000, interconnect="nvlink", interconnect_gbs=900,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=180, l2_mb=126.5, tdp_w=1000, interconnect="nvlink", interconnect_gbs=900,
         source="NVIDIA DGX/HGX B200 datasheet per GPU (FP16/BF16 36 PF* and FP8 72 PF* per 8 GPUs -> 2.25 / "
                "4.5 PF dense; 1,440 GB and 64 TB/s per 8 GPUs -> 180 GB, 8 TB/s; 1000 W; NVLink5 1.8 TB/s = 900 "
                "per direction); 148 SMs and 126.5 MiB L2 from the CUDA device properties; 1965 MHz = NVML max "
@@ -299,7 +318,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA B300 SXM6 AC", arch="blackwell", compute_capability=(10, 3), sms=148,
         base_mhz=1665, boost_mhz=2032, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
-        mem_bw_gbs=8000, mem_gb=288, l2_mb=126.5, tdp_w=1100, interconnect="nvlink", interconnect_gbs=900,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=288, l2_mb=126.5, tdp_w=1100, interconnect="nvlink", interconnect_gbs=900,
         source="NVIDIA HGX B300 datasheet per GPU (FP16/BF16 2.25 PF dense = 4.5 PF*, FP8 4.5 PF dense = 9 PF*; "
                "288 GB HBM3e 8 TB/s; NVLink5 1.8 TB/s = 900 per direction); 148 SMs (sm_103) and 2032 MHz max "
                "SM clock and 1100 W power cap as nvidia-smi / CUDA report them on HGX B300; L2 and base clock "
@@ -310,7 +329,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="blackwell", compute_capability=(12, 0),
         sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
         tflops_at_mhz=2617,
-        mem_bw_gbs=1597, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1597, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX PRO 6000 Blackwell Server Edition product page (FP16/BF16 1 PF*, FP8 2 PF*, "
                "96 GB GDDR7 1,597 GB/s, up to 600 W, PCIe Gen5 x16 128 GB/s, no NVLink) + RTX Blackwell "
                "whitepaper (GB202, 188 SMs, 128 MB L2; FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
@@ -322,7 +341,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", arch="blackwell", compute_capability=(12, 0),
         sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
         tflops_at_mhz=2617,
-        mem_bw_gbs=1792, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1792, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet (24,064 CUDA cores = 188 SMs, "
                "125 TF FP32 and 4000 AI TOPS* at boost, 96 GB GDDR7 512-bit 1,792 GB/s, 600 W, PCIe Gen5 x16, "
                "no NVLink) + RTX Blackwell whitepaper (FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
@@ -333,7 +352,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GeForce RTX 5090", arch="blackwell", compute_capability=(12, 0), sms=170,
         base_mhz=2017, boost_mhz=2407, bf16_tflops=209.5, fp16_tflops=209.5, fp8_tflops=419,
         tflops_at_mhz=2407,
-        mem_bw_gbs=1792, mem_gb=32, l2_mb=96, tdp_w=575, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1792, mem_gb=32, l2_mb=96, tdp_w=575, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column (170 SMs, 2017/2407 MHz, "
                "96 MB L2, 32 GB GDDR7 1,792 GB/s, 575 W, PCIe Gen5, no NVLink): FP16/BF16 tensor with FP32 "
                "accumulate 209.5 | 419* TF, FP8 with FP32 accumulate 419 | 838* TF (fp16-accumulate rates 2x; "

@@ -810,7 +810,7 @@ def score_points(points: Sequence[DecisionPoint], predict: Callable[[str, int, i
     return out
 
 
-def gemm_predictor(clock: str | float = "boost", l2_warm: bool = True) -> Callable[[str, int, int, int], float]:
+def gemm_predictor(clock: str | float = "power", l2_warm: bool = True) -> Callable[[str, int, int, int], float]:
     """The same per-row GEMM prediction ``m2live validate`` uses (ms)."""
     rp = RowPredictor(clock=clock, l2_warm=l2_warm)
 

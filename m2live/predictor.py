@@ -24,12 +24,12 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .efficiency import (
+    BENCH_CALLS,
     ArchConstants,
-    arch_constants,
     attention_wave,
+    clock_ratio,
     constants_for,
     decode_splits,
-    forecast_clock_ratio,
     gemm_efficiency,
 )
 from .hardware import GpuSpec, get_gpu
@@ -145,7 +145,7 @@ class OpModel:
         tc, tm, wave, active, duty, eta_mem, fixed = self._gemm_base(m, n, k)
         tc /= f_clk
         if l2_warm and self.l2_resident(self.elt * n * k, self.elt * m * k + self.out_elt * m * n):
-            tm = self.l2_time(self.elt * (m * k + n * k) + self.out_elt * m * n)
+            tm = min(tm, self.l2_time(self.elt * (m * k + n * k) + self.out_elt * m * n))
         factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
         p = self.c.overlap
         body = (tc**p + tm**p) ** (1.0 / p)
@@ -157,12 +157,30 @@ class OpModel:
         """vLLM's CUDA input quantisation with a dynamic per-tensor scale (``scaled_fp8_quant`` without a scale):
         a max-reduction kernel, then the quantising kernel, each a grid of one CTA per token row; they read the
         bf16 input twice (2 + 2 B per element) and write e4m3 (1 B). Each kernel's body is the larger of
-        streaming those bytes and its rows' fixed SM-time (q_row per row over the SMs)."""
+        streaming those bytes and its rows' fixed SM-time (q_row per row over the SMs). One CTA per row keeps few
+        bytes in flight, so the stream is capped per SM (q_sm_bw, Little's law) below the DRAM's own ceiling."""
         c = self.c
-        t_stream = 5.0 * m * k / (self.bw * c.eta_q)
+        bw = min(self.bw * c.eta_mem, self.gpu.sms * c.q_sm_bw) if c.q_sm_bw > 0 else self.bw * c.eta_mem
+        t_stream = 5.0 * m * k / bw
         t_rows = 2.0 * m * c.q_row / self.gpu.sms
         p = c.overlap
         return 2 * c.t_kernel + (t_stream**p + t_rows**p) ** (1.0 / p)
+
+    def clock_ratio(self, flops: float, t_at_boost: float, nbytes: float = 0.0,
+                    duration_s: float = math.inf) -> float:
+        """f_clk the power model gives work of ``flops`` and ``nbytes`` that takes ``t_at_boost`` at the boost
+        clock, kept up for ``duration_s`` (infinity: steady load). The one clock forecast of m2live: operators,
+        steps, the probe, validation and admission all use it."""
+        if t_at_boost <= 0:
+            return 1.0
+        # activity is relative to this dtype's peak; the power of a full-activity op is the bf16 peak's (an fp8
+        # MMA does twice the FLOPs of a bf16 one for about the same energy)
+        return clock_ratio(self.gpu.tdp_w, self.attn_peak, self.gpu.kernel_family, flops / (t_at_boost * self.peak),
+                           nbytes / (t_at_boost * self.bw), duration_s)
+
+    def burst_clock(self, flops: float, t_at_boost: float) -> float:
+        """f_clk of an opbench measurement: the op run BENCH_CALLS times back to back."""
+        return self.clock_ratio(flops, t_at_boost, 0.0, BENCH_CALLS * t_at_boost)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
@@ -229,7 +247,9 @@ class OpModel:
             split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
         ctas = items * split
         t_items = items * c.item_cost / sms
-        t_dram = self.l2_time(nbytes) if l2_warm and self.l2_resident(0.0, nbytes) else nbytes / (self.bw * c.eta_attn_mem)
+        t_dram = nbytes / (self.bw * c.eta_attn_mem)
+        if l2_warm and self.l2_resident(0.0, nbytes):  # the collector re-reads one KV cache: from L2 if it fits
+            t_dram = min(t_dram, self.l2_time(nbytes))
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         tc = flops / (self.attn_peak * f_clk * c.eta_attn)
@@ -259,12 +279,12 @@ class OpModel:
         return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
 
     def _eta_mem(self, nbytes: float) -> float:
-        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``. Little's law: the memory system
-        needs W0 = BW * t_ramp bytes in flight to reach its streaming ceiling eta_mem, so a kernel that moves W
-        bytes gets eta_mem / (1 + sqrt(W0 / W)) — the seed's 1 - sqrt(W0/W) law for long streams, with W0 growing
-        with the bandwidth (an 8 TB/s HBM3e needs ~4x the bytes of a 2 TB/s HBM2e) instead of a fixed 1 MB."""
-        w0 = self.bw * self.c.t_ramp
-        return self.c.eta_mem / (1.0 + math.sqrt(w0 / max(nbytes, 1.0)))
+        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``: eta_mem / (1 + sqrt(W0 / W)),
+        where W0 = BW * t_ramp are the bytes the memory system must have in flight to stream at its ceiling
+        (Little's law: bandwidth x latency), so a faster memory needs a longer stream. Long streams follow the
+        seed's law eta_mem * (1 - sqrt(W0/W)); the time (W + sqrt(W * W0)) / (BW * eta_mem) never falls as W
+        grows, and short transfers stay cheap (their latency is in the kernel's fixed time)."""
+        return self.c.eta_mem / (1.0 + math.sqrt(self.bw * self.c.t_ramp / max(nbytes, 1.0)))
 
     # ---- L2 residency (benchmark loops only: serving streams each layer's weights from DRAM once a step) ----
     BENCH_COPIES = 6  # the opbench collector cycles six copies of each operand through its timed loop
@@ -275,7 +295,8 @@ class OpModel:
         return self.BENCH_COPIES * reread_bytes + other_bytes <= self.gpu.l2_bytes
 
     def l2_time(self, nbytes: float) -> float:
-        """Streaming ``nbytes`` out of L2: its read bandwidth (bytes per SM per clock x SMs x boost clock)."""
+        """Streaming ``nbytes`` out of L2 at the rate the kernels reach (bytes per SM per clock x SMs x boost
+        clock); a re-read operand takes whichever of L2 and DRAM is faster."""
         return nbytes / (self.c.l2_bytes_per_clk * self.gpu.sms * self.gpu.boost_mhz * 1e6)
 
 
@@ -365,9 +386,7 @@ class Predictor:
         if self.gemm_ops is not self.ops:  # fp8 projections: count their FLOPs at the bf16 peak's energy per FLOP
             g = 2.0 * step.num_tokens * sum(n * k for n, k in self._gemm_nk.values()) * self.model.layers
             flops += g * (self.ops.peak / self.gemm_ops.peak - 1.0)
-        return forecast_clock_ratio(self.gpu.tdp_w, self.ops.peak, self.gpu.arch,
-                                    tensor_activity=flops / (t * self.ops.peak),
-                                    mem_activity=nbytes / (t * self.ops.bw))
+        return self.ops.clock_ratio(flops, t, nbytes)
 
     # ---- the step equation ------------------------------------------------------------------------------
     def predict(self, step: Step, f_clk: float | None = None, clock_mhz: float | None = None) -> Prediction:

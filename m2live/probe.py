@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .efficiency import forecast_clock_ratio
 from .hardware import GpuSpec, get_gpu
 from .predictor import HostConstants, OpModel, Predictor
 from .shapes import ModelShape, get_model
@@ -231,9 +230,7 @@ def gemm_predictions(om: OpModel, m: int, n: int, k: int, clock_mhz: float | Non
     boost = om.gemm(m, n, k, 1.0, l2_warm=False)
     flops = 2.0 * m * n * k
     nbytes = om.elt * (m * k + n * k + m * n)
-    f_fc = forecast_clock_ratio(om.gpu.tdp_w, om.peak, om.gpu.arch,
-                                tensor_activity=flops / (boost.t * om.peak),
-                                mem_activity=nbytes / (boost.t * om.bw))
+    f_fc = om.clock_ratio(flops, boost.t, nbytes)
     out = {"boost": (1.0, boost), "forecast": (f_fc, om.gemm(m, n, k, f_fc, l2_warm=False))}
     if clock_mhz is not None and clock_mhz > 0:
         f_live = clock_mhz / om.gpu.boost_mhz

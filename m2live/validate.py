@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,10 +107,28 @@ def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:
     return Table(p, header, rows, kinds, dtype)
 
 
+Clock = Callable[[float, float], float]  # (FLOPs, seconds at boost) -> f_clk
+
+
+def gemm_ms(om: OpModel, m: int, n: int, k: int, clock: Clock, l2_warm: bool = True) -> float:
+    """One GEMM row in ms: timed at boost, then at the clock the row's work and duration give."""
+    t0 = om.gemm(m, n, k, 1.0, l2_warm=l2_warm)
+    f = clock(2.0 * m * n * k, t0.t)
+    return (t0 if f == 1.0 else om.gemm(m, n, k, f, l2_warm=l2_warm)).t * 1e3
+
+
+def prefill_ms(om: OpModel, b: int, isl: int, h: int, kv: int, d: int, clock: Clock) -> float:
+    """One prefill-attention row in ms (``b`` causal sequences of ``isl`` tokens), clocked like ``gemm_ms``."""
+    seqs = [(isl, 0)] * b
+    t0 = om.prefill_attention(seqs, h, kv, d, 1.0)
+    f = clock(4.0 * h * d * b * isl * (isl + 1) / 2.0, t0.t)
+    return (t0 if f == 1.0 else om.prefill_attention(seqs, h, kv, d, f)).t * 1e3
+
+
 class RowPredictor:
     """Predicts table rows; one OpModel per GPU name."""
 
-    def __init__(self, gpu: str | None = None, clock: str | float = "boost", l2_warm: bool = True,
+    def __init__(self, gpu: str | None = None, clock: str | float = "power", l2_warm: bool = True,
                  constants: dict[str, ArchConstants] | None = None, calibration: Calibration | None = None,
                  fp8_constants: dict[str, ArchConstants] | None = None):
         self.gpu_override = gpu
@@ -138,9 +156,15 @@ class RowPredictor:
                 raise TableError(str(e)) from None
         return m
 
-    def _f_clk(self, om: OpModel) -> float:
+    def _f_clk(self, om: OpModel, flops: float, t_boost: float) -> float:
+        """The clock of one row: 'power' (default) the power model over the collector's burst of BENCH_CALLS
+        calls, 'forecast' the sustained (serving) clock, 'boost', or an SM clock in MHz."""
         if isinstance(self.clock, (int, float)):
             return float(self.clock) / om.gpu.boost_mhz
+        if self.clock == "power":
+            return om.burst_clock(flops, t_boost)
+        if self.clock == "forecast":
+            return om.clock_ratio(flops, t_boost)
         return 1.0
 
     def predict_row(self, kind: str, row: dict[str, str], lineno: int, path: str, dtype: str = "bf16") -> float:
@@ -149,18 +173,9 @@ class RowPredictor:
         if not name:
             raise TableError(f"{path}:{lineno}: no GPU: pass --gpu or give a 'device' column")
         om = self.model_for(name, dtype)
-        f = self._f_clk(om)
         if kind == "gemm":
             m, n, k = (_int_cell(row, c, lineno, path, 1) for c in GEMM_COLS)
-            t = om.gemm(m, n, k, f, l2_warm=self.l2_warm)
-            if self.clock == "forecast":
-                from .efficiency import forecast_clock_ratio
-
-                act = 2.0 * m * n * k / (t.t * om.peak)
-                # an fp8 FLOP costs the energy of half a bf16 one: the bf16 peak's power at the fp8 activity
-                f2 = forecast_clock_ratio(om.gpu.tdp_w, om.attn_peak, om.gpu.arch, act)
-                t = om.gemm(m, n, k, f2, l2_warm=self.l2_warm)
-            return t.t * 1e3
+            return gemm_ms(om, m, n, k, lambda fl, t: self._f_clk(om, fl, t), self.l2_warm)
         b = _int_cell(row, "batch_size", lineno, path, 1)
         isl = _int_cell(row, "isl", lineno, path, 1)
         h = _int_cell(row, "num_heads", lineno, path, 1)
@@ -170,8 +185,8 @@ class RowPredictor:
         if h % kv:
             raise TableError(f"{path}:{lineno}: num_heads {h} is not a multiple of num_key_value_heads {kv}")
         if kind == "prefill_attention":
-            return om.prefill_attention([(isl, 0)] * b, h, kv, d, f).t * 1e3
-        return om.decode_attention(b * step, b, h, kv, d, f).t * 1e3
+            return prefill_ms(om, b, isl, h, kv, d, lambda fl, t: self._f_clk(om, fl, t))
+        return om.decode_attention(b * step, b, h, kv, d, self._f_clk(om, 0.0, 1.0), l2_warm=self.l2_warm).t * 1e3
 
     def predict_table(self, table: Table) -> list[float]:
         return [self.predict_row(kind, row, i, table.path, table.dtype)
@@ -209,7 +224,7 @@ def find_tables(directory: str | os.PathLike) -> list[Path]:
     return files
 
 
-def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "boost",
+def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "power",
                     l2_warm: bool = True, calibration: Calibration | None = None,
                     dtype: str | None = None) -> list[dict]:
     """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error; ``dtype`` None: each

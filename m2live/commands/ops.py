@@ -19,8 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="CSV in the opbench schema (m,n,k for GEMMs; attention columns otherwise)")
     p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
     p.add_argument("-o", "--output", help="write here instead of stdout")
-    p.add_argument("--clock", default="boost",
-                   help="'boost' (default: opbench rows are short bursts), 'forecast', or an SM clock in MHz")
+    p.add_argument("--clock", default="power",
+                   help="'power' (default: the power model over the collector's burst of calls — opbench rows are "
+                        "short bursts), 'forecast' (sustained serving load), 'boost', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true",
                    help="weights always come from DRAM (serving); default models L2 re-reads of a benchmark loop")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
@@ -40,12 +41,13 @@ def load_calibration(path: str | None) -> Calibration | None:
 
 
 def parse_clock(value: str) -> str | float:
-    if value in ("boost", "forecast"):
+    if value in ("power", "boost", "forecast"):
         return value
     try:
         float(value)
     except ValueError:
-        raise ValueError(f"--clock must be 'boost', 'forecast' or a clock in MHz, got {value[:40]!r}") from None
+        raise ValueError(f"--clock must be 'power', 'boost', 'forecast' or a clock in MHz, got {value[:40]!r}") \
+            from None
     return float(limits.CLOCK_MHZ.parse(value, "--clock (MHz)"))
 
 

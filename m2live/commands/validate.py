@@ -15,7 +15,9 @@ from .ops import load_calibration, parse_clock
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="directory of opbench-style CSVs with a latency_ms column (or one CSV)")
     p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
-    p.add_argument("--clock", default="boost", help="'boost' (default), 'forecast', or an SM clock in MHz")
+    p.add_argument("--clock", default="power",
+                   help="'power' (default: the power model over the collector's burst of calls), 'forecast' "
+                        "(sustained serving load), 'boost', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
                                                           "refused for tables of another GPU")

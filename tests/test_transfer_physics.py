@@ -1,0 +1,125 @@
+"""The physics that carries m2live to GPUs it never measured: kernel families by compute capability, DRAM
+streaming by memory technology (Little's-law ramp), L2 re-reads in benchmark loops, one power-capped clock for
+bursts and sustained load. Bounds and monotonicity that must hold whatever the fitted numbers are."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from m2live.efficiency import ARCH, clock_ratio, constants_for, forecast_clock_ratio, memory_ceiling
+from m2live.hardware import all_gpus, get_gpu
+from m2live.predictor import OpModel
+
+H100, H200, B200, B300 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200", "NVIDIA B300 SXM6 AC"
+L40S, PRO6000 = "NVIDIA L40S", "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+@pytest.mark.parametrize("name, family", [
+    ("NVIDIA A100-SXM4-80GB", "ampere"), ("NVIDIA A40", "ampere"), (L40S, "ada"), (H100, "hopper"),
+    (H200, "hopper"), (B200, "blackwell"), (B300, "blackwell"), (PRO6000, "blackwell_rtx"),
+    ("NVIDIA GeForce RTX 5090", "blackwell_rtx"),
+])
+def test_kernel_family_follows_compute_capability(name, family):
+    assert get_gpu(name).kernel_family == family
+
+
+def test_gb202_borrows_the_mma_sync_family_not_hopper_or_b300():
+    """sm_120 has neither wgmma nor tcgen05: its GEMM and attention constants are Ampere's (FA2, mma.sync)."""
+    c = constants_for(get_gpu(PRO6000))
+    a = ARCH["ampere"]
+    assert (c.eta_tc, c.i_crit, c.k0, c.split_needs_gqa, c.attn_row_pad) == \
+        (a.eta_tc, a.i_crit, a.k0, a.split_needs_gqa, a.attn_row_pad)
+    assert "ampere" in (c.borrowed_from or "")
+
+
+def test_every_catalog_gpu_has_a_memory_technology_with_a_ceiling():
+    for g in all_gpus():
+        ceiling = memory_ceiling(g.memory)
+        assert ceiling is not None and 0.5 < ceiling <= 1.0, (g.name, g.memory)
+
+
+def test_gddr_streams_at_its_public_ceiling_and_hbm3e_at_the_b300_fit():
+    assert constants_for(get_gpu(L40S)).eta_mem == pytest.approx(0.95)
+    assert constants_for(get_gpu(H200)).eta_mem == pytest.approx(ARCH["blackwell"].eta_mem)  # HBM3e like B300
+    assert constants_for(get_gpu(H100)).eta_mem == ARCH["hopper"].eta_mem  # its own calibration GPU
+
+
+@pytest.mark.parametrize("gpu", [H100, B300, L40S, PRO6000])
+def test_more_bytes_never_stream_faster(gpu):
+    om = OpModel(gpu)
+    sizes = [2**i for i in range(10, 34)]
+    times = [s / (om.bw * om._eta_mem(s)) for s in sizes]
+    assert all(b >= a for a, b in zip(times, times[1:], strict=False))
+    # a GEMV's time grows with its weight, cold or warm
+    for warm in (False, True):
+        ts = [om.gemm(1, n, 4096, l2_warm=warm).t for n in (1024, 2048, 4096, 8192, 16384)]
+        assert all(b >= a for a, b in zip(ts, ts[1:], strict=False)), (warm, ts)
+
+
+def test_a_faster_memory_needs_more_bytes_in_flight():
+    """Little's law: at the same transfer size, the 8 TB/s HBM3e part is further from its ceiling than HBM3."""
+    w = 8e6
+    h100, b300 = OpModel(H100), OpModel(B300)
+    if h100.c.t_ramp == b300.c.t_ramp:
+        assert b300._eta_mem(w) / b300.c.eta_mem < h100._eta_mem(w) / h100.c.eta_mem
+
+
+@pytest.mark.parametrize("gpu", [H100, B300, L40S, PRO6000])
+def test_an_l2_resident_weight_is_never_slower_than_a_cold_one(gpu):
+    om = OpModel(gpu)
+    for m in (1, 16, 256, 4096):
+        for n, k in ((1024, 1024), (2048, 4096), (4096, 4096), (8192, 8192)):
+            assert om.gemm(m, n, k, l2_warm=True).t <= om.gemm(m, n, k, l2_warm=False).t
+    assert om.decode_attention(4096, 1, 32, 8, 128, l2_warm=True).t <= om.decode_attention(4096, 1, 32, 8, 128).t
+
+
+def test_l2_reuse_matters_where_a_large_l2_fronts_a_slow_bus():
+    """An 8 MB weight: six copies fit the L40S's 96 MB L2 and its GDDR6 is slow, so the benchmark loop's
+    re-reads are much faster than DRAM; in serving (cold) the weight streams from DRAM."""
+    om = OpModel(L40S)
+    warm, cold = om.gemm(1, 1024, 4096, l2_warm=True).t, om.gemm(1, 1024, 4096).t
+    assert warm < 0.75 * cold
+    # a weight whose six copies do not fit is read from DRAM either way
+    assert om.gemm(1, 8192, 8192, l2_warm=True).t == om.gemm(1, 8192, 8192).t
+
+
+def test_a_lower_power_cap_never_gives_a_higher_clock():
+    g = get_gpu(H100)
+    for act in (0.2, 0.5, 0.8, 1.0):
+        for d in (1e-3, 0.05, 1.0, math.inf):
+            fs = [clock_ratio(tdp, g.peak_flops(), g.kernel_family, act, 0.0, d) for tdp in (300, 450, 600, 700)]
+            assert all(b >= a for a, b in zip(fs, fs[1:], strict=False)), (act, d, fs)
+            assert all(0.0 < f <= 1.0 for f in fs)
+
+
+def test_a_longer_load_never_runs_a_higher_clock_and_ends_at_the_sustained_one():
+    g = get_gpu(L40S)
+    fs = [clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9, 0.0, d) for d in (1e-4, 1e-2, 0.1, 1, 10)]
+    assert all(b <= a for a, b in zip(fs, fs[1:], strict=False))
+    sustained = forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9)
+    assert fs[0] == pytest.approx(1.0, abs=0.01)
+    assert clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9) == sustained < 0.8
+
+
+@pytest.mark.parametrize("gpu, sustained_mhz", [("NVIDIA A100-SXM4-80GB", 1125), (H100, 1380), (L40S, 1425)])
+def test_sustained_forecast_reproduces_the_seed_clocks_at_m16384(gpu, sustained_mhz):
+    """The seed's sustained clocks under Llama-3.1-8B projection load at M=16384 (n=5 randomised sweeps)."""
+    om = OpModel(gpu)
+    m, n, k = 16384, 14336 * 2, 4096  # gate_up
+    t0 = om.gemm(m, n, k).t
+    f = om.clock_ratio(2.0 * m * n * k, t0)
+    assert f * om.gpu.boost_mhz == pytest.approx(sustained_mhz, rel=0.08)
+
+
+def test_opbench_bursts_stay_near_boost_on_a100_but_droop_on_l40s():
+    """The same power constants: a short opbench burst of a large GEMM barely droops on the A100 (400 W feeds
+    312 TF) while the L40S (350 W for 362 TF) loses a large share of its clock within the burst."""
+    m, n, k = 8192, 8192, 8192
+    out = {}
+    for gpu in ("NVIDIA A100-SXM4-80GB", L40S):
+        om = OpModel(gpu)
+        t0 = om.gemm(m, n, k).t
+        out[gpu] = om.burst_clock(2.0 * m * n * k, t0)
+    assert out[L40S] < out["NVIDIA A100-SXM4-80GB"]
