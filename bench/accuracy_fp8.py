@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from m2live.efficiency import ARCH_FP8, transfer_fp8  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from m2live.efficiency import ARCH_FP8, FITTED_GROUPS, transfer_fp8  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.validate import RowPredictor, in_core_region, measured, read_table  # noqa: E402
 
@@ -60,6 +62,13 @@ def score_fp8() -> dict:
         for name, sel in (("core", core), ("all", np.ones_like(core))):
             entry[name] = {"in_sample": _stats(ins[sel], meas[sel]), "leave_one_gpu_out": _stats(loo[sel], meas[sel]),
                            "baseline_eta0.75": _stats(base[sel], meas[sel])}
+        # which fitted number does not transfer: LOO with that one constant taken from the held-out GPU itself
+        rows = [table.rows[i] for i in np.flatnonzero(core)]
+        sub = type(table)(table.path, table.header, rows, ["gemm"] * len(rows), "fp8")
+        entry["loo_with_own"] = {
+            n: _stats(np.array(RowPredictor(fp8_constants={arch: replace(loo_c, **{n: getattr(ARCH_FP8[arch], n)})})
+                               .predict_table(sub)), meas[core])["mape"]
+            for n in FITTED_GROUPS["fp8_gemm"]}
         entry["core_by_m"] = {f"{lo}-{hi if hi < 1 << 30 else 'max'}": _stats(ins[core & (m >= lo) & (m <= hi)],
                                                                            meas[core & (m >= lo) & (m <= hi)])
                               for lo, hi in M_BANDS}

@@ -3,7 +3,7 @@
 vLLM's fp8 linear layer (CutlassFP8ScaledMMLinearKernel) on H100 80GB HBM3 → hopper and B300 SXM6 AC →
 blackwell, GEMMs with N,K in [1024, 16384], every M. Group ``fp8_gemm`` = the bf16 GEMM group (eta_tc, i_crit,
 k0, t_kernel, eta_mem, t_ramp, overlap, k_split on a grid that includes "never split K") plus the two constants
-of vLLM's CUDA input quantisation that every row includes (q_row, eta_q). The machinery (loader, MAPE, grid +
+of vLLM's CUDA input quantisation that every row includes (q_row, q_sm_bw). The machinery (loader, MAPE, grid +
 Nelder-Mead coordinate descent) is bench/fit_constants.py's; this file only says what is fitted on what.
 Leave-one-GPU-out: the numbers fitted on one GPU predict the other from its datasheet and its own kernel facts.
 Writes results/fp8_constants.json; the values are then copied into efficiency.FP8_GEMM_FIT.
@@ -30,8 +30,8 @@ OPBENCH_FP8 = Path(__file__).resolve().parent.parent.parent / "shared" / "data" 
 GPUS = {"h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper"), "b300_sxm": ("NVIDIA B300 SXM6 AC", "blackwell")}
 GROUP = "fp8_gemm"
 # Starting point for the quantisation constants where efficiency.py has none yet: ~0.5 us of SM time per token
-# row and kernel (the tables' latency grows by ~7 ns per row at N = K = 32 on both GPUs), half the bandwidth.
-SEED = {"q_row": 0.5e-6, "eta_q": 0.5}
+# row and kernel (the tables' latency grows by ~7 ns per row at N = K = 32 on both GPUs), ~15 GB/s per SM.
+SEED = {"q_row": 0.5e-6, "q_sm_bw": 15e9}
 
 
 def load_fp8(folder: str, max_rows: int) -> dict[str, list]:
@@ -43,7 +43,7 @@ def fit(maxiter: int, max_rows: int) -> dict:
     fitted = {}
     for folder, (gpu, arch) in GPUS.items():
         base = ARCH_FP8[arch]
-        base = replace(base, **{n: v for n, v in SEED.items() if getattr(base, n) in (0.0, 1.0)})
+        base = replace(base, **{n: v for n, v in SEED.items() if getattr(base, n) == 0.0})
         c = fit_group(gpu, base, GROUP, load_fp8(folder, max_rows), maxiter, dtype="fp8")
         fitted[arch] = replace(c, fitted_on=f"opbench_fp8 {folder} ({gpu}), bench/fit_fp8.py")
         print(f"{folder}: " + ", ".join(f"{n}={getattr(c, n):.4g}" for n in FITTED_GROUPS[GROUP]), flush=True)
