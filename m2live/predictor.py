@@ -98,6 +98,9 @@ class OpModel:
     ``dtype="fp8"`` prices vLLM's W8A8 fp8 GEMMs (CUTLASS scaled-mm: e4m3 weights and activations with
     per-tensor scales, fp32 accumulation, bf16 output) at the fp8 tensor peak with the fp8 GEMM constants;
     attention stays bf16 (vLLM keeps attention and the KV cache in bf16), so it is priced as bf16 either way.
+    At fp8, ``gemm`` is the whole linear layer as vLLM applies it to a bf16 input, quantisation included (what
+    opbench_fp8 measures); the step predictor takes the scaled-mm alone and prices the quantisation as it runs
+    when served (a light op, fused into the neighbouring kernels by torch.compile).
     """
 
     def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None):
