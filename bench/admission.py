@@ -41,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from m2live import trace  # noqa: E402
 from m2live.enginelock import engine_lock  # noqa: E402
 
 MODEL_CONFIG = REPO / "m2live" / "data" / "models" / "bench-llama" / "config.json"
@@ -292,13 +293,13 @@ def run_client(server: Server, dataset: Path, wl: Workload, out_dir: Path) -> di
 
 
 def read_trace(path: Path) -> list[dict]:
+    """The plugin's step records (m2live.trace: torn or garbled lines skipped)."""
     if not path.exists():
         raise BenchError(f"no trace at {path}: is the m2live plugin installed (M2LIVE_ENABLE=1)?")
-    steps = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            steps.append(json.loads(line))
-    return steps
+    try:
+        return trace.read_trace(path)
+    except trace.TraceError:
+        return []  # the server has not recorded a step yet
 
 
 def first_workload_step(trace: Path, after: float, timeout: float = 120.0) -> float:

@@ -363,7 +363,8 @@ CATALOG: tuple[GpuSpec, ...] = (
 # fmt: on
 
 
-def _norm(s: str) -> str:
+def norm_name(s: str) -> str:
+    """A name compared case- and punctuation-insensitively (GPU names and aliases, model presets)."""
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
@@ -371,7 +372,7 @@ def _index() -> dict[str, GpuSpec]:
     idx: dict[str, GpuSpec] = {}
     for g in CATALOG:
         for key in (g.name, *g.nvml_names, *g.aliases):
-            idx[_norm(key)] = g
+            idx[norm_name(key)] = g
     return idx
 
 
@@ -381,9 +382,9 @@ _CUSTOM: dict[str, GpuSpec] = {}
 
 def register(spec: GpuSpec) -> GpuSpec:
     """Add a device at run time (e.g. the CPU device measured by a microbenchmark)."""
-    _CUSTOM[_norm(spec.name)] = spec
+    _CUSTOM[norm_name(spec.name)] = spec
     for a in spec.aliases:
-        _CUSTOM[_norm(a)] = spec
+        _CUSTOM[norm_name(a)] = spec
     return spec
 
 
@@ -393,7 +394,7 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
         return name
     if not isinstance(name, str) or not name.strip():
         raise UnknownGpuError(f"GPU name must be a non-empty string, got {name!r}")
-    key = _norm(name)
+    key = norm_name(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
     if spec is not None:
         return spec
@@ -407,8 +408,8 @@ def close_matches(name: str, n: int = 4) -> list[str]:
     by_key: dict[str, str] = {}
     for g in CATALOG:
         for c in (g.name, *g.aliases):
-            by_key.setdefault(_norm(c), c)
-    key = _norm(name)
+            by_key.setdefault(norm_name(c), c)
+    key = norm_name(name)
     # the NVML names share the "nvidia" prefix, which would dominate the similarity of short inputs
     strip = key.removeprefix("nvidia")
     scored = {c: max(difflib.SequenceMatcher(None, key, k).ratio(),

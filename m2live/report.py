@@ -33,11 +33,11 @@ def summarize(records: list[dict], warmup: int = 20) -> dict:
     if not after.any():
         after = ok
 
-    def mape(x: np.ndarray) -> float | None:
+    def median_ape(x: np.ndarray) -> float | None:
         return float(np.median(np.abs(x[after] - meas[after]) / meas[after])) if after.any() else None
 
     return {"steps": len(records), "measured_steps": int(ok.sum()),
-            "median_abs_error_raw": mape(pred), "median_abs_error_corrected": mape(corr)}
+            "median_abs_error_raw": median_ape(pred), "median_abs_error_corrected": median_ape(corr)}
 
 
 def write_report(trace: str | Path, out: str | Path, warmup: int = 20) -> dict:

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .hardware import norm_name
+
 
 class ModelShapeError(ValueError):
     """A config that is not a usable decoder shape (missing fields, wrong types, not a decoder, bad TP)."""
@@ -187,10 +189,6 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
-def _norm(s: str) -> str:
-    return "".join(ch for ch in s.lower() if ch.isalnum())
-
-
 def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     """A preset name (full or the part after the slash, case-insensitive) or a path to config.json / a model dir."""
     if isinstance(model, ModelShape):
@@ -198,9 +196,9 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     s = str(model)
     if os.path.exists(s):
         return ModelShape.from_path(s)
-    key = _norm(s)
+    key = norm_name(s)
     for name, shape in PRESETS.items():
-        if key in (_norm(name), _norm(name.split("/")[-1])):
+        if key in (norm_name(name), norm_name(name.split("/")[-1])):
             return shape
     raise ModelShapeError(
         f"unknown model {s!r}: not a file or directory, and not a preset ({', '.join(PRESETS)})"

@@ -4,11 +4,11 @@ the shipped model configs."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import free_port  # noqa: F401 - one free_port for the tests (re-exported)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -17,12 +17,6 @@ VIDUR = SHARED / "data" / "vidur"
 MODELS = REPO / "m2live" / "data" / "models"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from m2live.hardware import CATALOG, GpuSpec, UnknownGpuError, _norm, all_gpus, close_matches, get_gpu
+from m2live.hardware import CATALOG, GpuSpec, UnknownGpuError, all_gpus, close_matches, get_gpu, norm_name
 
 M2LIVE = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "m2live"
 
@@ -131,7 +131,7 @@ def test_aliases_unique_lowercase_and_case_insensitive() -> None:
     seen: dict[str, str] = {}
     for g in CATALOG:
         for key in (g.name, *g.nvml_names, *g.aliases):
-            k = _norm(key)
+            k = norm_name(key)
             assert seen.setdefault(k, g.name) == g.name, f"{key!r} collides with {seen[k]!r}"
         for a in g.aliases:
             assert a == a.lower() and " " not in a, a
