@@ -266,7 +266,11 @@ class AdmissionController:
                 x = g.budget + tol_at(g.budget)
             else:
                 hi, t_hi = g, t_g
+                # far over the target (the clock dropped, the queue changed): a proportional step down, else
+                # one tolerance below
                 x = g.budget - tol_at(g.budget)
+                if t_g > 1.1 * target:
+                    x = min(x, int(g.budget * target / t_g))
             if floor_budget < x < hi.budget and (lo is None or x > lo.budget):
                 u = self._plan(view, x, limit_seqs)
                 t_u = cost(u)

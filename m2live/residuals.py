@@ -22,8 +22,9 @@ measured while busy — so the correction is built to converge from *any* prior:
    scales. The terms are kept only if they lower the window's median relative error — so they can refine the
    scales' fit, never spoil it.
 
-The fit runs over a rolling window (recent steps only) and is refitted every step at first, then every few
-steps. Until ``min_fit`` steps are seen the correction is the median measured/predicted ratio of the steps so
+The fit runs over a rolling window, recent steps weighted more (half-life 48 steps: when another tenant makes
+the machine slower or faster, the fit follows within tens of steps), and is refitted every step at first, then
+every few steps. Until ``min_fit`` steps are seen the correction is the median measured/predicted ratio of the steps so
 far (already right in scale after one step).
 
 Every correction is scored out of sample: ``update`` first records the error of the correction it would have
@@ -77,13 +78,14 @@ def _huber_weights(r: np.ndarray, floor: float) -> np.ndarray:
 
 
 def fit_scales(X: np.ndarray, y: np.ndarray, u0: np.ndarray | None = None, ridge: float = 1.0,
-               iterations: int = 8) -> np.ndarray:
+               iterations: int = 8, recency: np.ndarray | None = None) -> np.ndarray:
     """Log-scales ``u`` (one per class) with ``y ≈ X @ exp(u)``: robust Gauss-Newton on log residuals.
 
     ``X``: per-class predicted times (k × NC, ≥ 0), ``y``: measured (> 0). The ridge pulls the scales toward
     their mean (worth ``ridge`` average steps of evidence); bounds ±LOG_BOUND."""
     keep = X.sum(axis=1) > 0
     X, y = X[keep], y[keep]
+    rec = np.ones(len(y)) if recency is None else recency[keep]
     if len(y) == 0:
         return np.zeros(NC) if u0 is None else u0
     ly = np.log(y)
@@ -101,17 +103,17 @@ def fit_scales(X: np.ndarray, y: np.ndarray, u0: np.ndarray | None = None, ridge
     # the ridge is worth ``ridge`` average steps of evidence on a class (a step's evidence is its share squared)
     r0, s0, f0 = residuals(u)
     J0 = (X * s0) / f0[:, None]
-    kappa = ridge * float(np.sum(J0 * J0)) / (NC * len(y))
+    kappa = ridge * float(np.sum(rec[:, None] * J0 * J0)) / (NC * max(float(np.sum(rec)), 1e-12))
 
     def objective(uu: np.ndarray, w: np.ndarray) -> float:
         r = residuals(uu)[0]
         return float(np.sum(w * r * r)) + kappa * float(uu @ P @ uu)
 
-    w = np.ones(len(y))
+    w = rec.copy()
     for it in range(iterations):
         r, s, f = residuals(u)
         if it > 0:
-            w = _huber_weights(r, 0.02)
+            w = rec * _huber_weights(r, 0.02)
         J = (X * s) / f[:, None]  # d log f / d u: each class's share of the fit
         H = J.T @ (J * w[:, None]) + kappa * P + 1e-9 * np.eye(NC)
         H[absent, absent] += 1.0  # a class absent from the window: held by the ridge alone
@@ -135,7 +137,7 @@ def fit_scales(X: np.ndarray, y: np.ndarray, u0: np.ndarray | None = None, ridge
 
 class ResidualTracker:
     def __init__(self, window: int = 256, min_fit: int = 8, ridge: float = 1.0, refit_every: int = 16,
-                 converged_error: float = 0.25):
+                 converged_error: float = 0.25, halflife: float = 48.0):
         if window < 8:
             raise ValueError(f"residual window must be >= 8, got {window}")
         self.window = window
@@ -143,6 +145,7 @@ class ResidualTracker:
         self.ridge = ridge
         self.refit_every = max(1, refit_every)
         self.converged_error = converged_error
+        self.halflife = halflife
         self.n = 0
         # one plain tuple per step over the last `window` steps (arrays only when fitting or reporting):
         # (*features, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
@@ -235,21 +238,24 @@ class ResidualTracker:
         self._ratio_median = float(np.median(y / p))
         if k < self.min_fit:
             return
+        # recent steps weigh more (half-life `halflife` steps): the machine's speed can shift under the engine
+        # (another tenant starts or stops) and the fit must follow within tens of steps, not a whole window
+        rec = 0.5 ** ((k - 1 - np.arange(k)) / self.halflife)
         # 1. multiplicative scales per op class (log space, robust)
-        u = fit_scales(X, y, self._u, self.ridge)
+        u = fit_scales(X, y, self._u, self.ridge, recency=rec)
         # 2. additive host terms on what is left, kept only if they predict held-out steps better (fitted on
         # every other step of the window, scored on the others): on noisy steps they would otherwise chase noise
         host = None
         if k >= 2 * self.min_fit:
             tr, te = slice(0, None, 2), slice(1, None, 2)
-            u_tr = fit_scales(X[tr], y[tr], u, self.ridge)
-            fit_tr = self._backfit(X[tr], H[tr], y[tr], u_tr)
+            u_tr = fit_scales(X[tr], y[tr], u, self.ridge, recency=rec[tr])
+            fit_tr = self._backfit(X[tr], H[tr], y[tr], u_tr, rec[tr])
             if fit_tr is not None:
                 u_h, h = fit_tr
                 err_scales = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_tr)) / y[te]))
                 err_host = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_h) - H[te] @ h) / y[te]))
                 if err_host < 0.97 * err_scales:
-                    fit_all = self._backfit(X, H, y, u)
+                    fit_all = self._backfit(X, H, y, u, rec)
                     if fit_all is not None:
                         u, host = fit_all
         if np.all(np.isfinite(u)):
@@ -257,28 +263,28 @@ class ResidualTracker:
             self._scales = np.exp(u)
             self._host = host
 
-    def _backfit(self, X: np.ndarray, H: np.ndarray, y: np.ndarray, u: np.ndarray
+    def _backfit(self, X: np.ndarray, H: np.ndarray, y: np.ndarray, u: np.ndarray, rec: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
         """Host terms on the scales' residual, then the scales again on what the host terms leave (two rounds).
         None when the terms would take more than half of any step's scaled prediction away (overfitting)."""
         h = None
         for _ in range(2):
-            h = self._fit_host(H, y - X @ np.exp(u), y)
+            h = self._fit_host(H, y - X @ np.exp(u), y, rec)
             if h is None:
                 return None
             y_rest = y - H @ h
             if np.any(y_rest <= 0.1 * y):
                 return None
-            u = fit_scales(X, y_rest, u, self.ridge)
+            u = fit_scales(X, y_rest, u, self.ridge, recency=rec)
         f = X @ np.exp(u)
         if h is None or np.any(f + H @ h < 0.5 * f):
             return None
         return u, h
 
-    def _fit_host(self, H: np.ndarray, e: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-        """a + c_dec·n_dec + c_pf·n_pf ≈ e (ms) on relative error, Huber-weighted, ridge toward zero."""
+    def _fit_host(self, H: np.ndarray, e: np.ndarray, y: np.ndarray, rec: np.ndarray) -> np.ndarray | None:
+        """a + c_dec·n_dec + c_pf·n_pf ≈ e (ms) on relative error, Huber- and recency-weighted, ridge toward 0."""
         k = len(y)
-        base = 1.0 / y
+        base = np.sqrt(rec) / y
         w = np.ones(k)
         h = np.zeros(NH)
         for _ in range(3):

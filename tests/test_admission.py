@@ -66,7 +66,10 @@ def test_warm_start_steady_state_is_cheap_and_agrees(predictor: Predictor) -> No
         d = c.decide(view, 1.0)
         fresh = AdmissionController(predictor, None, slo_s=0.040).decide(view, 1.0)
         assert d.predicted_s <= 0.036 + 1e-12
-        assert abs(d.token_budget - fresh.token_budget) <= max(8, 0.04 * fresh.token_budget)
+        # never more than ~4 % below a fresh search; above it only where the step time's kinks let a feasible
+        # budget sit past the fresh search's answer (both are under the target, checked above)
+        assert -max(8, 0.04 * fresh.token_budget) <= d.token_budget - fresh.token_budget
+        assert d.token_budget - fresh.token_budget <= max(8, 0.08 * fresh.token_budget)
         evals.append(d.evaluations)
     assert statistics.median(evals[1:]) <= 3, evals
 
