@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,6 +140,45 @@ def _step_of(rec: dict):
     return Step.build(pre, dec)
 
 
+def _fit_tracker(pred, cal: list) -> Callable:
+    from m2live.residuals import ResidualTracker
+
+    tr = ResidualTracker(window=max(8, len(cal)))
+    for st, m in cal:
+        tr.update(st, pred.predict(st, f_clk=1.0), m)
+    return tr.correct
+
+
+def _counts(step) -> tuple[float, ...]:
+    """The step's work in engine terms: prefill tokens, prefill query x key pairs (M), decode KV tokens (k)."""
+    pre = step.prefill_seqs
+    pairs = sum(n * c + n * (n + 1) / 2 for n, c in pre)
+    return (float(sum(n for n, _ in pre)), pairs / 1e6, sum(step.decode_contexts) / 1e3)
+
+
+def _fit_nnls(pred, cal: list, counts: bool = False) -> Callable:
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from m2live.residuals import features
+
+    def x(p, st) -> tuple[float, ...]:
+        return features(p, st) + (_counts(st) if counts else ())
+
+    X = np.array([x(pred.predict(st, f_clk=1.0), st) for st, _ in cal])
+    y = np.array([1e3 * m for _, m in cal])
+    w = nnls(X / y[:, None], np.ones(len(y)))[0]  # minimise the relative error, every coefficient >= 0
+
+    def correct(p, step) -> float:
+        return max(1e-6, 1e-3 * float(np.dot(x(p, step), w)))
+
+    return correct
+
+
+def _fit_nnls_counts(pred, cal: list) -> Callable:
+    return _fit_nnls(pred, cal, counts=True)
+
+
 def _replay(steps: list[dict]):
     """Step seconds from a run's own measured steps: the median of those with the same prefill tokens and
     decodes, else the nearest shape (log distance)."""
@@ -162,6 +202,8 @@ def _replay(steps: list[dict]):
 
 
 def score(workdir: Path) -> dict:
+    import numpy as np
+
     from m2live.cpu_device import cpu_device, device_constants
     from m2live.predictor import Predictor
     from m2live.residuals import ResidualTracker
@@ -174,13 +216,23 @@ def score(workdir: Path) -> dict:
     spec = cpu_device(model=shape)  # measured on the served model's shapes, as the plugin's CPU device
     pred = Predictor(spec, shape, constants=device_constants(shape))
     kv_tokens = KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
-    # the calibrated mode: the plugin's online correction, trained on the calibration workload's steps only
+    # the calibrated mode: a correction of the CPU device's predictions trained on the calibration workload's
+    # steps only — the plugin's online correction (ResidualTracker) or a non-negative linear fit over the same
+    # features, whichever predicts the last third of the calibration steps better from the first two thirds
     t0, t1 = meta["calibration"]
     cal_steps = [r for r in trace if t0 <= r["time"] <= t1 + 1.0 and r.get("measured_s")]
-    tracker = ResidualTracker(window=max(8, len(cal_steps)))
-    for r in cal_steps:
-        st = _step_of(r)
-        tracker.update(st, pred.predict(st, f_clk=1.0), float(r["measured_s"]))
+    cal = [(_step_of(r), float(r["measured_s"])) for r in cal_steps]
+    cut = (2 * len(cal)) // 3
+    holdout = {}
+    fits = {"residual_tracker": _fit_tracker, "nnls": _fit_nnls, "nnls_with_counts": _fit_nnls_counts}
+    for name, fit in fits.items():
+        f = fit(pred, cal[:cut])
+        holdout[name] = float(np.median([abs(f(pred.predict(st, f_clk=1.0), st) - m) / m for st, m in cal[cut:]]))
+    chosen = min(holdout, key=lambda k: holdout[k])
+    correction = fits[chosen](pred, cal)
+    tracker = ResidualTracker(window=max(8, len(cal)))
+    for st, m in cal:
+        tracker.update(st, pred.predict(st, f_clk=1.0), m)
     rows = []
     for run in meta["runs"]:
         c, isl, osl, n = run["concurrency"], run["isl"], run["osl"], run["num_prompts"]
@@ -196,7 +248,7 @@ def score(workdir: Path) -> dict:
         cfg = ServingConfig(concurrency=c, num_prompts=n, kv_tokens=int(kv_tokens), block_size=CPU_BLOCK_SIZE,
                             clock="boost")
         replay = _replay(steps)
-        for mode, corr in (("raw", None), ("calibrated", tracker.correct), ("replayed", replay)):
+        for mode, corr in (("raw", None), ("calibrated", correction), ("replayed", replay)):
             sim = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
             d = {"ttft_ms": sim.ttft_ms, "tpot_ms": sim.tpot_ms, "output_tokens_per_s": sim.output_tokens_per_s,
                  "steps": sim.steps["steps"], "mean_step_ms": sim.steps["mean_step_ms"],
@@ -228,9 +280,18 @@ def score(workdir: Path) -> dict:
                   "ignore-EOS), --max-concurrency C --request-rate inf",
         "simulator": "m2live.simulate (vLLM V1 scheduler, sync scheduling on CPU), CPU device "
                      f"({spec.source})",
+        "cpu_device_at_scoring": {"tflops": spec.bf16_tflops, "mem_bw_gbs": spec.mem_bw_gbs,
+                                  "note": "the CPU device's cached measurement when this was scored (the plugin "
+                                          "re-measures it when an engine disagrees with it): the raw column "
+                                          "moves with it"},
         "calibration": {"workload": CALIBRATION.__dict__, "steps": len(cal_steps),
-                        "how": "ResidualTracker (the plugin's online correction) trained on the calibration "
-                               "workload's measured steps only, then frozen", "tracker": st},
+                        "how": "trained on the calibration workload's measured steps only, then frozen: the "
+                               "plugin's ResidualTracker, or a non-negative least-squares fit (relative error) "
+                               "of its features (per-op-class predicted times, 1, decodes, prefill chunks), "
+                               "optionally with the step's counts (prefill tokens, query x key pairs, decode KV "
+                               "tokens); the one with the lowest median error on the last third of the "
+                               "calibration steps when fitted on the first two thirds",
+                        "holdout_median_abs_error": holdout, "chosen": chosen, "tracker": st},
         "targets": {"tpot_abs_error": 0.15, "ttft_abs_error": 0.25},
         "summary": {"raw": summary("raw"), "calibrated": summary("calibrated"), "replayed": summary("replayed")},
         "configurations": rows,
