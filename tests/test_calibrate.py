@@ -79,6 +79,7 @@ def test_plan_is_deterministic_within_budget_and_on_the_grid():
     for k in cal.KINDS:
         a = cal.plan(H100, k)
         cal._plan_order.cache_clear()  # a fresh design, not the memoised one
+        cal._DATA.clear()
         b = cal.plan(H100, k)
         assert a == b and len(a) == cal.DEFAULT_BUDGET[k]
         assert len({cal.shape_key(k, r) for r in a}) == len(a)  # no shape twice
@@ -86,7 +87,10 @@ def test_plan_is_deterministic_within_budget_and_on_the_grid():
         kind = {"gemm": "gemm", "prefill": "prefill_attention", "decode": "decode_attention"}[k]
         assert all(in_core_region(kind, r) for r in a)
         assert all((int(r["step"]) == 0) == (k == "prefill") for r in a) if k != "gemm" else True
-        assert cal.plan(H100, k, 5) == a[:5]  # a smaller budget is a prefix
+        if k not in cal.SPREAD_KINDS:
+            assert cal.plan(H100, k, 5) == a[:5]  # a smaller budget is a prefix
+        else:
+            assert len(cal.plan(H100, k, 5)) == 5
 
 
 def test_plan_covers_every_gemm_regime():
