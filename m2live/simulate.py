@@ -272,6 +272,7 @@ class Engine:
         self.t = 0.0
         self.st = _Stats()
         self.trace: list[dict] | None = None  # per-step records when asked for (tests)
+        self._empty = 0  # consecutive steps that scheduled nothing
 
     # client
     def _send(self, t: float) -> None:
@@ -333,7 +334,7 @@ class Engine:
                 toks = k[m].tolist()
                 budget -= int(k.sum())
             else:
-                budget, preempted = self._schedule_running_with_preemption(budget, thr, ids, toks)
+                budget, preempted = self._schedule_running_with_preemption(ra, k, want, budget, ids, toks)
         if not preempted:
             while budget > 0 and self.waiting and len(self.running) < self.max_seqs:
                 i = self.waiting[0]
@@ -356,34 +357,28 @@ class Engine:
             self.st.waiting_steps += 1
         return np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64)
 
-    def _schedule_running_with_preemption(self, budget: int, thr: int, ids: list[int],
-                                          toks: list[int]) -> tuple[int, bool]:
-        """vLLM's running loop request by request: a request that cannot get its blocks preempts the most
-        recently admitted running request (itself last), until it fits."""
-        preempted = False
-        idx = 0
-        while idx < len(self.running) and budget > 0:
-            i = self.running[idx]
-            need = int(self.prompt[i] + self.outputs[i] - self.computed[i])
-            if 0 < thr < need:
-                need = thr
-            k = min(need, budget)
-            want = self._blocks_for(int(self.computed[i]) + k) - int(self.blocks[i])
-            while want > self.free:
-                victim = self.running.pop()
-                preempted = True
-                self._preempt(victim)
-                if victim == i:
-                    break
-            if victim_gone(self.running, idx, i):
-                break
-            self.free -= want
-            self.blocks[i] += want
-            ids.append(i)
-            toks.append(k)
-            budget -= k
-            idx += 1
-        return budget, preempted
+    def _schedule_running_with_preemption(self, ra: np.ndarray, k: np.ndarray, want: np.ndarray,
+                                          budget: int, ids: list[int], toks: list[int]) -> tuple[int, bool]:
+        """vLLM's running loop when the blocks run out: a request that cannot get its blocks preempts the most
+        recently admitted running request (itself last), until it fits. In closed form: the running requests
+        before the first ``i`` whose blocks do not fit even with every request after it preempted are
+        scheduled; ``i`` and everything after it are preempted (recompute), in order, to the front of the
+        queue."""
+        held = self.blocks[ra]
+        cum = np.cumsum(want)
+        tail = np.concatenate([np.cumsum(held[::-1])[::-1], [0]])  # blocks held by ra[p:], p = 0..n
+        fits = cum <= self.free + tail[1:]
+        p = len(ra) if fits.all() else int(np.argmin(fits))
+        keep, victims = ra[:p], ra[p:].tolist()
+        self.free -= int(want[:p].sum())  # the victims' blocks come back in _preempt
+        self.blocks[keep] += want[:p]
+        m = k[:p] > 0
+        ids.extend(keep[m].tolist())
+        toks.extend(k[:p][m].tolist())
+        del self.running[p:]
+        for i in reversed(victims):  # the newest first, as vLLM pops them; each goes to the queue's front
+            self._preempt(i)
+        return budget - int(k[:p].sum()), bool(victims)
 
     def _shape(self, ids: np.ndarray, toks: np.ndarray) -> tuple[tuple[tuple[int, int], ...], int, int]:
         comp = self.computed[ids]
@@ -398,10 +393,16 @@ class Engine:
             return True
         ids, toks = self.schedule()
         if not len(ids):
-            if not self.arrivals:
-                return False
-            self.t = max(self.t, self.arrivals[0][0])  # idle until the next request arrives
-            return True
+            self._empty += 1
+            if self.arrivals and not self.running and not self.waiting:
+                self.t = max(self.t, self.arrivals[0][0])  # idle until the next request arrives
+                return True
+            if self.arrivals and self._empty > 2:
+                self.t = max(self.t, self.arrivals[0][0])
+                return True
+            # a step that only preempted: the queue is admitted on the next one
+            return self._empty <= 2
+        self._empty = 0
         pre, n_dec, ctx = self._shape(ids, toks)
         dt = self.timer(pre, n_dec, ctx)
         self.t += dt
@@ -522,11 +523,6 @@ class Engine:
             raise SimulationError(f"simulation stalled with {self.n - self.done} requests unfinished")
 
 
-def victim_gone(running: list[int], idx: int, i: int) -> bool:
-    """True when request ``i`` (at position ``idx``) preempted itself: it cannot be scheduled this step."""
-    return idx >= len(running) or running[idx] != i
-
-
 # ---- memory -------------------------------------------------------------------------------------------------
 def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int, cfg: ServingConfig,
                 need_tokens: int, precision: str = "bf16") -> dict:
@@ -590,9 +586,9 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
-    if blocks < -(-int(prompts.max()) // bs):
-        raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold even one prompt "
-                              f"({int(prompts.max())} tokens): vLLM refuses to start")
+    if blocks < -(-longest // bs):
+        raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "
+                              f"({longest} tokens): vLLM refuses to start with a max_model_len that long")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s)

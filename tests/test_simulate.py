@@ -126,10 +126,27 @@ def test_scheduler_matches_vllm_on_random_cases(vllm_available):
         prompts = [rng.randint(1, 200) for _ in range(n)]
         outputs = [rng.randint(1, 40) for _ in range(n)]
         c, budget, seqs = rng.randint(1, n), rng.choice([16, 32, 64, 256]), rng.randint(1, 6)
-        blocks = rng.randint(max(-(-p // 16) for p in prompts) + 1, 60)
+        blocks = rng.randint(max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True)), 60)
         want = VllmLoop(prompts, outputs, c, budget, seqs, blocks).run()
         got, _ = engine_steps(prompts, outputs, c, budget, seqs, blocks)
         assert [g for g, _ in got] == [w for w, _ in want], (prompts, outputs, c, budget, seqs, blocks)
+
+
+def test_preemption_matches_vllm_on_random_tight_caches(vllm_available):
+    rng = random.Random(5)
+    preempting = 0
+    for _ in range(16):
+        n = rng.randint(3, 9)
+        prompts = [rng.randint(1, 120) for _ in range(n)]
+        outputs = [rng.randint(20, 80) for _ in range(n)]
+        c, budget, seqs = rng.randint(2, n), rng.choice([32, 64, 256]), rng.randint(2, 6)
+        blocks = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True)) + rng.randint(0, 5)
+        want = VllmLoop(prompts, outputs, c, budget, seqs, blocks).run()
+        got, eng = engine_steps(prompts, outputs, c, budget, seqs, blocks)
+        assert [g for g, _ in got] == [w for w, _ in want], (prompts, outputs, c, budget, seqs, blocks)
+        assert eng.st.preemptions == sum(len(p) for _, p in want)
+        preempting += eng.st.preemptions > 0
+    assert preempting >= 10  # the cases do exercise preemption
 
 
 # ---- the engine's own rules, without vLLM ------------------------------------------------------------------
