@@ -243,8 +243,9 @@ class ResidualTracker:
         rec = 0.5 ** ((k - 1 - np.arange(k)) / self.halflife)
         # 1. multiplicative scales per op class (log space, robust)
         u = fit_scales(X, y, self._u, self.ridge, recency=rec)
-        # 2. additive host terms on what is left, kept only if they predict held-out steps better (fitted on
-        # every other step of the window, scored on the others): on noisy steps they would otherwise chase noise
+        # 2. a linear refinement with additive host terms (floor, per sequence, per chunk) on the scaled classes,
+        # kept only if it predicts held-out steps better (fitted on every other step of the window, scored on the
+        # others): on noisy steps it would otherwise chase noise
         host = None
         if k >= 2 * self.min_fit:
             tr, te = slice(0, None, 2), slice(1, None, 2)
@@ -265,39 +266,32 @@ class ResidualTracker:
 
     def _backfit(self, X: np.ndarray, H: np.ndarray, y: np.ndarray, u: np.ndarray, rec: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Host terms on the scales' residual, then the scales again on what the host terms leave (two rounds).
-        None when the terms would take more than half of any step's scaled prediction away (overfitting)."""
-        h = None
-        for _ in range(2):
-            h = self._fit_host(H, y - X @ np.exp(u), y, rec)
-            if h is None:
-                return None
-            y_rest = y - H @ h
-            if np.any(y_rest <= 0.1 * y):
-                return None
-            u = fit_scales(X, y_rest, u, self.ridge, recency=rec)
-        f = X @ np.exp(u)
-        if h is None or np.any(f + H @ h < 0.5 * f):
-            return None
-        return u, h
-
-    def _fit_host(self, H: np.ndarray, e: np.ndarray, y: np.ndarray, rec: np.ndarray) -> np.ndarray | None:
-        """a + c_dec·n_dec + c_pf·n_pf ≈ e (ms) on relative error, Huber- and recency-weighted, ridge toward 0."""
+        """A linear refinement on top of the scales: ``y ≈ Σ b_c·(s_c·t_c) + a + c_dec·n_dec + c_pf·n_pf``,
+        weighted least squares on relative error (Huber, recency), ridge toward b = 1 and the host terms 0 (each
+        worth one average step). The scaled classes are already in the engine's units, so the prior the ridge
+        pulls toward is right whatever the raw prior was. b within [0.2, 5], host terms ≥ 0. Returns the refined
+        log-scales and the host terms."""
         k = len(y)
+        Z = np.hstack([X * np.exp(u), H])
+        prior = np.concatenate([np.ones(NC), np.zeros(NH)])
         base = np.sqrt(rec) / y
         w = np.ones(k)
-        h = np.zeros(NH)
+        th = prior.copy()
         for _ in range(3):
             sw = base * w
-            A = H * sw[:, None]
+            A = Z * sw[:, None]
             G = A.T @ A
             lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12)
             try:
-                h = np.linalg.solve(G + np.diag(lam), A.T @ (e * sw))
+                th = np.linalg.solve(G + np.diag(lam), A.T @ (y * sw) + lam * prior)
             except np.linalg.LinAlgError:
                 return None
-            w = _huber_weights((e - H @ h) / y, 0.01)
-        return h if np.all(np.isfinite(h)) else None
+            th[:NC] = np.clip(th[:NC], 0.2, 5.0)
+            th[NC:] = np.maximum(th[NC:], 0.0)
+            w = _huber_weights((y - Z @ th) / y, 0.01)
+        if not np.all(np.isfinite(th)):
+            return None
+        return np.clip(u + np.log(th[:NC]), -LOG_BOUND, LOG_BOUND), th[NC:]
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -23,8 +23,8 @@ def _random_step(rng: random.Random) -> Step:
 
 
 def _truth(p, step, rng, noise=0.03):
-    x = features(p, step)
-    t = 2.0 + 3.0 * x[1] + 0.7 * x[2] + 0.05 * x[3]  # ms: host floor, scaled body, per-sequence cost
+    gemm, attn, other, _host, _one, n_dec, _n_pf = features(p, step)  # ms, ms, ms, ms, 1, counts
+    t = 2.0 + 3.0 * gemm + 0.7 * attn + other + 0.05 * n_dec  # ms: host floor, scaled body, per-sequence cost
     return 1e-3 * t * (1 + rng.gauss(0, noise))
 
 
