@@ -437,7 +437,8 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
         start = {n: float(getattr(base, n)) for n in names["all"]}
         if choice is None:  # the prior predicts left-out rows best
             paths.append([start])
-            spare.append(_path(base, start, _fit_group(gpu, sub, base, names["primary"], 4.0)))
+            spare.append([*_path(base, start, {**start, **_fit_group(gpu, sub, base, names["primary"], 4.0)})[:-1],
+                          *_path(base, start, {**start, **_fit_group(gpu, sub, base, names["all"], 1.0)})])
         else:
             fitted = {**start, **_fit_group(gpu, sub, base, names[choice[0]], choice[1])}
             paths.append(_path(base, start, fitted))
