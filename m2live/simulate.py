@@ -25,7 +25,8 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
 - decode CUDA graphs up to the capture size ``min(2 x max_num_seqs, 512)`` (1024 on Blackwell), never above
   the token budget: steps with at most that many tokens replay graphs (the predictor's host terms);
 - async scheduling on GPUs (vLLM's default since 0.11: the host work of the next step overlaps the device's
-  work on this one, so a step lasts the longer of the two), off on the CPU backend.
+  work on this one, so a step lasts the longer of the two; and a busy engine schedules step j + 1 as step j
+  starts, so a request arriving during a step is seen one step later), off on the CPU backend.
 
 Every step is timed by ``Predictor`` (forecast clock by default); a request needs ``frontend_s`` between client
 and engine each way (HTTP, output streaming) and ``frontend_service_s`` of the API server's serial work
@@ -241,7 +242,7 @@ class Engine:
     def __init__(self, timer: Callable[[tuple, int, int], float], prompts: np.ndarray, outputs: np.ndarray,
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
-                 frontend_service_s: float = 0.0, fast_forward: bool = True):
+                 frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -256,6 +257,8 @@ class Engine:
         self.d = frontend_s
         self.service = frontend_service_s
         self._frontend_free = 0.0  # when the API server is done with the requests handed to it so far
+        self.async_scheduling = async_scheduling
+        self.last_start = 0.0  # start of the step running now (async: when the next step was scheduled)
         self.fast_forward = fast_forward
         n = self.n
         self.computed = np.zeros(n, dtype=np.int64)
@@ -286,7 +289,11 @@ class Engine:
             heapq.heappush(self.arrivals, (self._frontend_free, i))
 
     def _arrive(self) -> None:
-        while self.arrivals and self.arrivals[0][0] <= self.t + 1e-12:
+        """Requests the scheduler sees now. Under async scheduling a busy engine schedules step j + 1 as step j
+        starts (EngineCore.step_with_batch_queue), so it sees only what had arrived by then: a request needs
+        one step more to get in."""
+        seen = self.last_start if (self.async_scheduling and self.running) else self.t
+        while self.arrivals and self.arrivals[0][0] <= seen + 1e-12:
             self.waiting.append(heapq.heappop(self.arrivals)[1])
 
     def _blocks_for(self, tokens: int) -> int:
@@ -405,6 +412,7 @@ class Engine:
         self._empty = 0
         pre, n_dec, ctx = self._shape(ids, toks)
         dt = self.timer(pre, n_dec, ctx)
+        self.last_start = self.t
         self.t += dt
         self._account(pre, n_dec, dt, 1)
         self.computed[ids] += toks
@@ -491,6 +499,8 @@ class Engine:
         if not self.waiting and self.arrivals:
             ta = self.arrivals[0][0]
             hit = int(np.searchsorted(ends, ta - 1e-12))  # first step ending at or after the arrival
+            if self.async_scheduling and ta > self.t:
+                hit += 1  # async: arriving during a step, it is seen one step later (see _arrive)
             if hit < k:
                 k = max(1, hit + 1)
                 if k < 2:
@@ -499,6 +509,7 @@ class Engine:
                 dts = dts[:k]
         # apply the run
         self._account((), B, float(dts.sum()), k)
+        self.last_start = float(ends[-2]) if k >= 2 else self.t
         self.t = float(ends[-1])
         self.computed[ra] += k
         self.outputs[ra] += k
@@ -591,7 +602,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                               f"({longest} tokens): vLLM refuses to start with a max_model_len that long")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
-                 cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s)
+                 cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s,
+                 async_scheduling=async_sched)
     eng.run()
     return _result(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                    kv_tokens, bs, keep_requests)
