@@ -1,44 +1,27 @@
-"""The step equation.
+"""The step equation (the seed's boxed equation), term by term:
 
-    T_step = max(T_blocks, N_kern * T_launch) + alpha * S_n + T_samp
-
+    T_step   = max(T_blocks, N_kern * T_launch) + alpha * S_n + T_samp
     T_blocks = N_L * (t_qkv + t_o + t_gate_up + t_down + t_attn_prefill + t_attn_decode + t_light + t_allreduce)
-               + t_lm_head
+               + t_lm_head(sampled tokens)
 
-Every operator term is a roofline of a compute branch and a memory branch plus one fixed kernel latency:
-
-    t_op = t_fixed + softmax_p( FLOPs / (P_boost * f_clk * eta_wave * eta_active * eta_duty),
-                                 bytes / (BW * eta_mem) )
-
-where softmax_p(a, b) = (a^p + b^p)^(1/p) is the roofline max with imperfect overlap of the two near the
-ridge (p -> infinity is the hard max; p is fitted per architecture).
-
-``OpModel`` prices single operators on a GPU (used by ``m2live ops`` / ``validate``); ``Predictor`` adds the
-model shape, tensor parallelism and host terms for whole steps.
+``Predictor._predict`` computes exactly these terms, each by a named method: ``t_projections``,
+``t_attention``, ``t_light``, ``t_allreduce``, ``t_lm_head`` (the GPU body, from the operator rooflines in
+``operators.py``), ``t_launch`` (host launches, overlapping the body), ``t_host`` (per sampled sequence) and
+``HostConstants.t_samp`` (the fixed tail).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-from .efficiency import (
-    BENCH_CALLS,
-    ArchConstants,
-    attention_wave,
-    clock_ratio,
-    constants_for,
-    decode_splits,
-    gemm_efficiency,
-)
-from .hardware import GpuSpec, get_gpu
+from .efficiency import ArchConstants
+from .hardware import GpuSpec
+from .operators import OpModel, OpTime, branch
 from .shapes import ModelShape, get_model
 from .step import Step
 
-DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
-PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head", "launch", "host", "sampling")
 
 
@@ -46,31 +29,20 @@ OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head"
 class HostConstants:
     """Host-side terms (CPU work around the GPU body). Priors for vLLM V1 on a GPU; the online residual
     tracker refits them per engine (the seed's calibrated mode), so they are starting points, not truths.
-    Sources: order of magnitude of vLLM V1's per-step CPU overhead (scheduler + input prep + output
-    processing ~0.3-1 ms, ~5-20 us per sequence), CUDA kernel launch ~4 us."""
+    Sources: vLLM V1's per-step CPU overhead is ~0.3-1 ms (scheduler, input preparation, output processing)
+    plus ~5-20 us per sequence; an eager CUDA kernel launch costs ~4 us of CPU; a CUDA-graph replay ~7-10 us."""
 
     t_launch: float = 4e-6  # CPU cost of launching one kernel eagerly (s)
     graph_max_tokens: int = 512  # steps with at most this many tokens replay captured CUDA graphs
-    t_graph: float = 30e-6  # replaying one captured graph (s)
+    t_graph_piece: float = 7.5e-6  # replaying one piece of vLLM's piecewise CUDA graph (one per layer, +1) (s)
     alpha: float = 12e-6  # host work per sampled sequence (s): input prep, sampler, detokenize hand-off
     t_samp: float = 0.5e-3  # fixed per-step tail: scheduler, output processing (s)
-    kernels_per_layer: int = 11  # 4 GEMMs, 2 attention, 5 light kernels
+    kernels_per_step: int = 4  # eager kernels outside the layers: embedding, final norm, LM head, sampler
 
 
-def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
-    """Which term bounds an operator: its fixed latency, the compute branch or the memory branch."""
-    if t_fixed > t_compute and t_fixed > t_memory:
-        return "latency"
-    return "compute" if t_compute >= t_memory else "memory"
-
-
-@dataclass(frozen=True)
-class OpTime:
-    t: float
-    bound: str  # "compute" | "memory" | "latency"
-    t_compute: float
-    t_memory: float
-    factors: dict[str, float] = field(default_factory=dict)
+GEMM_KERNELS_PER_LAYER = 4  # qkv, o, gate_up, down
+ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
+LIGHT_KERNELS_PER_LAYER = 5  # 2 fused add+RMSNorm, RoPE, SiLU*mul, residual add
 
 
 @dataclass
@@ -90,217 +62,6 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class OpModel:
-    """Single-operator times on one GPU (bf16 unless told otherwise).
-
-    ``dtype="fp8"`` prices vLLM's W8A8 fp8 GEMMs (CUTLASS scaled-mm: e4m3 weights and activations with
-    per-tensor scales, fp32 accumulation, bf16 output) at the fp8 tensor peak with the fp8 GEMM constants;
-    attention stays bf16 (vLLM keeps attention and the KV cache in bf16), so it is priced as bf16 either way.
-    At fp8, ``gemm`` is the whole linear layer as vLLM applies it to a bf16 input, quantisation included (what
-    opbench_fp8 measures); the step predictor takes the scaled-mm alone and prices the quantisation as it runs
-    when served (a light op, fused into the neighbouring kernels by torch.compile).
-    """
-
-    def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None):
-        self.gpu = get_gpu(gpu)
-        if dtype not in PRECISIONS:
-            raise ValueError(f"unknown precision {dtype!r}: one of {', '.join(PRECISIONS)}")
-        if dtype == "fp8" and self.gpu.fp8_tflops is None:
-            raise ValueError(f"{self.gpu.name} ({self.gpu.arch}) has no fp8 tensor cores: fp8 weights need an Ada, "
-                             f"Hopper or Blackwell GPU (use bf16 here)")
-        self.c = constants or constants_for(self.gpu, dtype)
-        self.dtype = dtype
-        self.elt = 1 if dtype == "fp8" else 2  # bytes per GEMM input element (weights and activations)
-        self.out_elt = 2  # GEMM outputs are bf16 (fp8 scaled-mm dequantises in its epilogue)
-        self.peak = self.gpu.peak_flops(dtype)  # at boost: the GEMMs' tensor peak
-        self.attn_elt = 2  # attention operands and the KV cache: bf16 at either precision
-        self.attn_peak = self.gpu.peak_flops("bf16") if dtype == "fp8" else self.peak
-        self.bw = self.gpu.mem_bw
-        self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
-
-    # ---- GEMM -----------------------------------------------------------------------------------
-    def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float, float]:
-        """(compute time at boost, DRAM time, eta_wave, eta_active, eta_duty, eta_mem, fixed time), cached per
-        shape. The fixed time is one kernel latency, two when K is split (the partial sums are reduced after the
-        main loop: a second kernel or a serialised fix-up pass)."""
-        key = (m, n, k)
-        hit = self._gemm_cache.get(key)
-        if hit is not None:
-            return hit
-        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
-        tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
-        nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
-        eta_mem = self._eta_mem(nbytes)
-        fixed = self.c.t_kernel * (2 if e.split_k > 1 else 1)
-        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
-        if len(self._gemm_cache) > 65536:
-            self._gemm_cache.clear()
-        self._gemm_cache[key] = out
-        return out
-
-    def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False,
-             quantize: bool = True) -> OpTime:
-        """One linear layer Y = X W^T. At fp8 this is vLLM's fp8 linear layer applied to a bf16 input, as the
-        opbench_fp8 collector times it: the input quantisation (``quantize_fp8``) and then the scaled-mm
-        (``quantize=False``: the scaled-mm alone)."""
-        tc, tm, wave, active, duty, eta_mem, fixed = self._gemm_base(m, n, k)
-        tc /= f_clk
-        if l2_warm and self.l2_resident(self.elt * n * k, self.elt * m * k + self.out_elt * m * n):
-            tm = min(tm, self.l2_time(self.elt * (m * k + n * k) + self.out_elt * m * n))
-        factors = {"f_clk": f_clk, "eta_wave": wave, "eta_active": active, "eta_duty": duty, "eta_mem": eta_mem}
-        p = self.c.overlap
-        body = (tc**p + tm**p) ** (1.0 / p)
-        if self.dtype == "fp8" and quantize:
-            fixed += self.quantize_fp8(m, k)
-        return OpTime(fixed + body, branch(tc, tm, fixed), tc, tm, factors)
-
-    def quantize_fp8(self, m: int, k: int) -> float:
-        """vLLM's CUDA input quantisation with a dynamic per-tensor scale (``scaled_fp8_quant`` without a scale):
-        a max-reduction kernel, then the quantising kernel, each a grid of one CTA per token row; they read the
-        bf16 input twice (2 + 2 B per element) and write e4m3 (1 B). Each kernel's body is the larger of
-        streaming those bytes and its rows' fixed SM-time (q_row per row over the SMs). One CTA per row keeps few
-        bytes in flight, so the stream is capped per SM (q_sm_bw, Little's law) below the DRAM's own ceiling."""
-        c = self.c
-        bw = min(self.bw * c.eta_mem, self.gpu.sms * c.q_sm_bw) if c.q_sm_bw > 0 else self.bw * c.eta_mem
-        t_stream = 5.0 * m * k / bw
-        t_rows = 2.0 * m * c.q_row / self.gpu.sms
-        p = c.overlap
-        return 2 * c.t_kernel + (t_stream**p + t_rows**p) ** (1.0 / p)
-
-    def clock_ratio(self, flops: float, t_at_boost: float, nbytes: float = 0.0,
-                    duration_s: float = math.inf) -> float:
-        """f_clk the power model gives work of ``flops`` and ``nbytes`` that takes ``t_at_boost`` at the boost
-        clock, kept up for ``duration_s`` (infinity: steady load). The one clock forecast of m2live: operators,
-        steps, the probe, validation and admission all use it."""
-        if t_at_boost <= 0:
-            return 1.0
-        # activity is relative to this dtype's peak; the power of a full-activity op is the bf16 peak's (an fp8
-        # MMA does twice the FLOPs of a bf16 one for about the same energy)
-        return clock_ratio(self.gpu.tdp_w, self.attn_peak, self.gpu.kernel_family, flops / (t_at_boost * self.peak),
-                           nbytes / (t_at_boost * self.bw), duration_s)
-
-    def burst_clock(self, flops: float, t_at_boost: float) -> float:
-        """f_clk of an opbench measurement: the op run BENCH_CALLS times back to back."""
-        return self.clock_ratio(flops, t_at_boost, 0.0, BENCH_CALLS * t_at_boost)
-
-    # ---- attention ------------------------------------------------------------------------------
-    def prefill_attention(
-        self, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, f_clk: float = 1.0
-    ) -> OpTime:
-        """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix.
-
-        CTAs are (sequence, head, block of BM queries); a CTA's main loop runs over its keys, against a fixed
-        prologue/epilogue worth k0_attn keys for each of its query rows (eta_duty) — rows padded to the kernel's
-        row block where it does not pack query heads into one tile (FlashAttention-2). Short chunks are
-        latency- and duty-bound.
-        """
-        c = self.c
-        if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
-            return self.decode_attention(sum(ctx for _, ctx in seqs), len(seqs), heads, kv_heads, head_dim, f_clk)
-        pairs = 0.0
-        q_tokens = 0
-        kv_tokens = 0
-        ctas = 0
-        bm = c.attn_block_m
-        pad = c.attn_row_pad
-        rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
-        for new, ctx in seqs:
-            pairs += new * ctx + new * (new + 1) / 2.0
-            q_tokens += new
-            kv_tokens += ctx + new
-            ctas += -(-new // bm)
-            rows += -(-new // pad) * pad if (pad and new > 1) else new
-        flops = 4.0 * heads * head_dim * pairs
-        ovh = 4.0 * heads * head_dim * c.k0_attn * rows
-        duty = flops / (flops + ovh) if flops > 0 else 1.0
-        wave = attention_wave(ctas * heads, self.gpu.sms)
-        tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
-        nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
-        tm = nbytes / (self.bw * c.eta_attn_mem)
-        t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
-        tc += t_items
-        tm += t_items
-        return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
-                                   "eta_mem": c.eta_attn_mem}, self._cache_write(kv_heads, head_dim, q_tokens))
-
-    def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
-                         head_dim: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
-        """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
-
-        ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
-        split]); when the items cannot fill the SMs, the KV is split (flash-decoding, ``decode_splits``) and a
-        combine kernel merges the parts (t_split) — except where the kernel splits only grouped-query heads
-        (FlashAttention-2: plain multi-head decode runs one CTA per sequence x head over its whole cache). The
-        body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
-        most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
-        resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
-        """
-        c = self.c
-        total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
-        kv_read = total_ctx + n_seqs
-        nbytes = self.attn_elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
-        flops = 4.0 * heads * head_dim * kv_read
-        items = n_seqs * kv_heads
-        sms = self.gpu.sms
-        grouped = heads > kv_heads
-        split = 1
-        if grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
-            split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
-        ctas = items * split
-        t_items = items * c.item_cost / sms
-        t_dram = nbytes / (self.bw * c.eta_attn_mem)
-        if l2_warm and self.l2_resident(0.0, nbytes):  # the collector re-reads one KV cache: from L2 if it fits
-            t_dram = min(t_dram, self.l2_time(nbytes))
-        t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
-        tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
-        tc = flops / (self.attn_peak * f_clk * c.eta_attn)
-        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
-        if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
-            t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
-        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
-
-    def _attn(self, tc: float, tm: float, factors: dict[str, float], t_after: float = 0.0) -> OpTime:
-        """An attention call: its body plus a fixed part, never below the call's floor, plus the serial
-        passes around the kernel (``t_after``: the KV-cache write, the split-KV combine)."""
-        c = self.c
-        t = max(c.t_attn, c.t_attn_over + max(tc, tm)) + t_after
-        return OpTime(t, branch(tc, tm, c.t_attn - c.t_attn_over), tc, tm, factors)
-
-    def _cache_write(self, kv_heads: int, head_dim: int, tokens: int) -> float:
-        """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention: read
-        and write 2 x kv_heads x head_dim per token, streamed (its launch is in t_attn_over)."""
-        nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
-        return nbytes / (self.bw * self._eta_mem(nbytes))
-
-    def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
-        """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""
-        eta = self._eta_mem(nbytes / max(1, kernels))
-        tm = nbytes / (self.bw * eta)
-        fixed = kernels * self.c.t_kernel
-        return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
-
-    def _eta_mem(self, nbytes: float) -> float:
-        """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``: eta_mem / (1 + sqrt(W0 / W)),
-        where W0 = BW * t_ramp are the bytes the memory system must have in flight to stream at its ceiling
-        (Little's law: bandwidth x latency), so a faster memory needs a longer stream. Long streams follow the
-        seed's law eta_mem * (1 - sqrt(W0/W)); the time (W + sqrt(W * W0)) / (BW * eta_mem) never falls as W
-        grows, and short transfers stay cheap (their latency is in the kernel's fixed time)."""
-        return self.c.eta_mem / (1.0 + math.sqrt(self.bw * self.c.t_ramp / max(nbytes, 1.0)))
-
-    # ---- L2 residency (benchmark loops only: serving streams each layer's weights from DRAM once a step) ----
-    BENCH_COPIES = 6  # the opbench collector cycles six copies of each operand through its timed loop
-
-    def l2_resident(self, reread_bytes: float, other_bytes: float = 0.0) -> bool:
-        """True when a benchmark loop re-reads its operands from L2: the collector's six copies of the re-read
-        operand (a GEMM's weight, a decode row's KV cache) and the rest of the working set fit in the L2."""
-        return self.BENCH_COPIES * reread_bytes + other_bytes <= self.gpu.l2_bytes
-
-    def l2_time(self, nbytes: float) -> float:
-        """Streaming ``nbytes`` out of L2 at the rate the kernels reach (bytes per SM per clock x SMs x boost
-        clock); a re-read operand takes whichever of L2 and DRAM is faster."""
-        return nbytes / (self.c.l2_bytes_per_clk * self.gpu.sms * self.gpu.boost_mhz * 1e6)
 
 
 class Predictor:
@@ -334,11 +95,9 @@ class Predictor:
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
         self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
                                            + 3 * m.intermediate // tp + 4 * kv * hd)
-        self._light_kernels = 5
-        self._extra_kernels = 0
+        self._light_kernels = LIGHT_KERNELS_PER_LAYER
         if m.qk_norm:  # Qwen3: RMSNorm of each q and k head before RoPE (vLLM's q_norm, k_norm): read + write q, k
             self._light_bytes_per_token += d * 2 * (m.heads_per_gpu + kv) * hd
-            self._extra_kernels += 2
             self._light_kernels += 2
         if dtype == "fp8":
             # vLLM quantises each projection's input to e4m3 (QuantFP8) before its scaled-mm. Served, the model runs
@@ -356,7 +115,6 @@ class Predictor:
             else:
                 self._light_bytes_per_token += 3 * o_in - fused
                 quant_kernels = 1
-            self._extra_kernels += quant_kernels
             self._light_kernels += quant_kernels
 
     @classmethod
@@ -410,82 +168,85 @@ class Predictor:
         return self._predict(step, f_clk, "live", breakdown=False).total_s
 
     def _predict(self, step: Step, f: float, source: str, breakdown: bool) -> Prediction:
-        m, o, g, host = self.model, self.ops, self.gemm_ops, self.host
-        L = m.layers
-        T = step.num_tokens
+        """T_step = max(T_blocks, N_kern * T_launch) + alpha * S_n + T_samp, term by term."""
+        L = self.model.layers
         ops: dict[str, float] = {}
         factors: dict[str, dict[str, float]] = {"f_clk": {"step": f}}
         bound: dict[str, str] = {}
-
-        def record(name: str, t: OpTime, scale: float) -> None:
-            ops[name] = t.t * scale
-            if breakdown:
-                bound[name] = t.bound
-                for k, v in t.factors.items():
-                    if k != "f_clk":
-                        factors.setdefault(k, {})[name] = v
-
-        # projections: one GEMM each per layer over all T tokens (inlined: this loop is the hot path)
-        ov = g.c.overlap
-        inv_ov = 1.0 / ov
-        if breakdown:
-            wave_d: dict[str, float] = {}
-            active_d: dict[str, float] = {}
-            duty_d: dict[str, float] = {}
-            mem_d: dict[str, float] = {}
-            factors.update(eta_wave=wave_d, eta_active=active_d, eta_duty=duty_d, eta_mem=mem_d)
-        for name, n, k in self._gemm_list:
-            tc, tm, wave, active, duty, eta_mem, fixed = g._gemm_base(T, n, k)
-            tc /= f
-            body = (tc**ov + tm**ov) ** inv_ov
-            ops[name] = (fixed + body) * L
-            if breakdown:
-                bound[name] = branch(tc, tm, fixed)
-                wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, eta_mem
-        # attention
-        pre = step.prefill_seqs
-        dec = step.decode_contexts
-        if pre:
-            record("attn_prefill", o.prefill_attention(pre, m.heads_per_gpu, m.kv_heads_per_gpu, m.head_dim, f), L)
-        else:
-            ops["attn_prefill"] = 0.0
-        if dec:
-            record("attn_decode", o.decode_attention(sum(dec), len(dec), m.heads_per_gpu, m.kv_heads_per_gpu,
-                                                     m.head_dim, f), L)
-        else:
-            ops["attn_decode"] = 0.0
-        # light ops: norms, RoPE, activation, residual adds, KV-cache writes
-        record("light", o.elementwise(T * self._light_bytes_per_token, self._light_kernels), L)
-        # tensor-parallel all-reduce: two per layer of T x hidden activations (ring: 2(tp-1)/tp of the data)
-        if self.tp > 1:
-            nbytes = T * m.hidden * m.dtype_bytes
-            lat = 8e-6 if self.gpu.interconnect in ("nvlink", "c2c") else 20e-6
-            t_ar = lat + 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.link_bw
-            ops["allreduce"] = 2 * L * t_ar
-            if breakdown:
-                bound["allreduce"] = "communication"
-        else:
-            ops["allreduce"] = 0.0
-        # LM head on the sampled tokens only (one per sequence)
-        n_v, k_v = self._lm_nk
-        record("lm_head", o.gemm(step.num_seqs, n_v, k_v, f), 1)
+        rec = _Recorder(ops, factors, bound, breakdown)
+        self.t_projections(step.num_tokens, f, L, rec)  # four GEMMs per layer over every token of the step
+        self.t_attention(step, f, L, rec)  # prefill chunks over their context; decodes over their KV cache
+        rec.op("light", self.t_light(step.num_tokens), L)  # norms, RoPE, SiLU*mul, residual adds
+        ops["allreduce"] = 2 * L * self.t_allreduce(step.num_tokens)  # two per layer under tensor parallelism
+        if breakdown and self.tp > 1:
+            bound["allreduce"] = "communication"
+        rec.op("lm_head", self.t_lm_head(step.num_seqs, f), 1)  # on the sampled tokens only
         t_blocks = sum(ops.values())
-
-        # host: kernel launches overlap the GPU body; per-sequence work and the fixed tail do not
-        if T <= host.graph_max_tokens:
-            t_launch = (L + 1) * host.t_graph / 4  # piecewise graphs: one replay per layer piece
-        else:
-            t_launch = (L * (host.kernels_per_layer + self._extra_kernels) + 4) * host.t_launch
+        t_launch = self.t_launch(step.num_tokens)  # host launches overlap the GPU body ...
         ops["launch"] = max(0.0, t_launch - t_blocks)
-        ops["host"] = host.alpha * step.num_seqs
-        ops["sampling"] = host.t_samp
+        ops["host"] = self.t_host(step)  # ... per-sequence host work and the fixed tail do not
+        ops["sampling"] = self.host.t_samp
         total = max(t_blocks, t_launch) + ops["host"] + ops["sampling"]
         if breakdown:
             bound["launch"] = bound["host"] = bound["sampling"] = "host"
         return Prediction(
             total_s=total, ops=ops, factors=factors, bound=bound, f_clk=f, clock_mhz=f * self.gpu.boost_mhz,
-            clock_source=source, t_blocks=t_blocks, gpu=self.gpu.name, model=m.name, tp=self.tp,
+            clock_source=source, t_blocks=t_blocks, gpu=self.gpu.name, model=self.model.name, tp=self.tp,
         )
+
+    # ---- the terms -------------------------------------------------------------------------------------
+    def t_projections(self, tokens: int, f: float, layers: int, rec: _Recorder) -> None:
+        """qkv, o, gate_up, down: one GEMM each per layer over all tokens (inlined roofline: the hot path)."""
+        g = self.gemm_ops
+        ov = g.c.overlap
+        inv_ov = 1.0 / ov
+        for name, n, k in self._gemm_list:
+            tc, tm, wave, active, duty, eta_mem, fixed = g._gemm_base(tokens, n, k)
+            tc /= f
+            rec.ops[name] = (fixed + (tc**ov + tm**ov) ** inv_ov) * layers
+            if rec.breakdown:
+                rec.gemm(name, branch(tc, tm, fixed), wave, active, duty, eta_mem)
+
+    def t_attention(self, step: Step, f: float, layers: int, rec: _Recorder) -> None:
+        """Prefill attention (causal chunks over their cached context) and decode attention (KV-cache reads)."""
+        m, o = self.model, self.ops
+        pre, dec = step.prefill_seqs, step.decode_contexts
+        if pre:
+            rec.op("attn_prefill", o.prefill_attention(pre, m.heads_per_gpu, m.kv_heads_per_gpu, m.head_dim, f),
+                   layers)
+        else:
+            rec.ops["attn_prefill"] = 0.0
+        if dec:
+            rec.op("attn_decode", o.decode_attention(sum(dec), len(dec), m.heads_per_gpu, m.kv_heads_per_gpu,
+                                                     m.head_dim, f), layers)
+        else:
+            rec.ops["attn_decode"] = 0.0
+
+    def t_light(self, tokens: int) -> OpTime:
+        """One layer's memory-bound kernels (norms, RoPE, activation, residual adds; fp8 input quantisation)."""
+        return self.ops.elementwise(tokens * self._light_bytes_per_token, self._light_kernels)
+
+    def t_allreduce(self, tokens: int) -> float:
+        """One tensor-parallel all-reduce of the layer's tokens x hidden activations."""
+        return self.ops.allreduce(tokens * self.model.hidden * self.model.dtype_bytes, self.tp)
+
+    def t_lm_head(self, sampled: int, f: float) -> OpTime:
+        """The LM head on the sampled tokens (one per sequence)."""
+        n_v, k_v = self._lm_nk
+        return self.ops.gemm(sampled, n_v, k_v, f)
+
+    def t_launch(self, tokens: int) -> float:
+        """N_kern * T_launch: steps up to graph_max_tokens replay vLLM's piecewise CUDA graph (a piece per layer,
+        plus one); larger steps launch every kernel eagerly."""
+        h, L = self.host, self.model.layers
+        if tokens <= h.graph_max_tokens:
+            return (L + 1) * h.t_graph_piece
+        per_layer = GEMM_KERNELS_PER_LAYER + ATTN_KERNELS_PER_LAYER + self._light_kernels
+        return (L * per_layer + h.kernels_per_step) * h.t_launch
+
+    def t_host(self, step: Step) -> float:
+        """alpha * S_n: host work per sampled sequence."""
+        return self.host.alpha * step.num_seqs
 
     # ---- work accounting (for the clock forecast, the planner and MFU-style metrics) --------------------
     def work(self, step: Step) -> tuple[float, float]:
@@ -511,3 +272,27 @@ class Predictor:
         flops += 2.0 * step.num_seqs * n_v * k_v
         nbytes += d * n_v * k_v
         return flops, nbytes
+
+
+class _Recorder:
+    """Collects one prediction's per-op times and, when asked for the breakdown, bounds and factors."""
+
+    __slots__ = ("ops", "factors", "bound", "breakdown")
+
+    def __init__(self, ops: dict[str, float], factors: dict[str, dict[str, float]], bound: dict[str, str],
+                 breakdown: bool):
+        self.ops, self.factors, self.bound, self.breakdown = ops, factors, bound, breakdown
+
+    def op(self, name: str, t: OpTime, scale: float) -> None:
+        self.ops[name] = t.t * scale
+        if self.breakdown:
+            self.bound[name] = t.bound
+            for k, v in t.factors.items():
+                if k != "f_clk":
+                    self.factors.setdefault(k, {})[name] = v
+
+    def gemm(self, name: str, bound: str, wave: float, active: float, duty: float, eta_mem: float) -> None:
+        self.bound[name] = bound
+        f = self.factors
+        for k, v in (("eta_wave", wave), ("eta_active", active), ("eta_duty", duty), ("eta_mem", eta_mem)):
+            f.setdefault(k, {})[name] = v
