@@ -418,11 +418,34 @@ def _busy() -> bool:
         return False
 
 
+def _disturbed(m: dict) -> bool:
+    """A measurement other work cut into: a one-token attention call or a 64x64 linear call (microseconds of
+    work, tens of microseconds with the dispatch even on a slow CPU) took over 1 ms / 0.2 ms — each parallel
+    region then waits for a descheduled thread."""
+    return m.get("t_attn", 0.0) > 1e-3 or m.get("t_call", 0.0) > 2e-4
+
+
+def _best_of(a: dict, b: dict) -> dict:
+    """Per figure the better of two measurements (higher throughput, lower fixed cost)."""
+    out = dict(a)
+    for k in ("flops", "bw", "attn_flops", "attn_bw"):
+        out[k] = max(a[k], b[k])
+    for k in ("t_call", "t_attn"):
+        out[k] = min(a[k], b[k])
+    return out
+
+
 def measure(key: str, model: ModelShape | None, dtype: str, budget_s: float) -> dict:
     """Measure now and store the result under ``key`` (replacing what was there). A measurement taken while
     the machine is busy is marked so: it serves this run, and the next start measures again."""
     busy = _busy()
     m = microbenchmark(budget_s, model=model, dtype=dtype)
+    for _ in range(2):  # disturbed (a one-token attention call cannot take a millisecond): wait, measure again
+        if not _disturbed(m):
+            break
+        time.sleep(1.0)
+        m = _best_of(m, microbenchmark(budget_s, model=model, dtype=dtype))
+    busy = busy or _disturbed(m)
     m.update(key=key, measured_at=time.time(), threads=engine_threads(), mhz=cpuinfo_mhz() or _max_mhz(),
              busy=busy or _busy())
     data = _read_cache()

@@ -109,3 +109,14 @@ def test_scale_knob_scales_throughput_and_fixed_costs() -> None:
     assert s2.bf16_tflops == pytest.approx(0.01 * s1.bf16_tflops) and "test knob" in s2.source
     c1, c2 = constants_from_measurement(m), constants_from_measurement(m, 0.01)
     assert c2.t_kernel == pytest.approx(100 * c1.t_kernel) and c2.eta_attn == pytest.approx(c1.eta_attn) == 0.5
+
+
+def test_a_disturbed_measurement_is_recognised_and_merged_best_of() -> None:
+    from m2live.cpu_device import _best_of, _disturbed
+
+    quiet = {"flops": 1.6e11, "bw": 1.7e10, "t_call": 8e-6, "attn_flops": 8e10, "attn_bw": 1.5e10, "t_attn": 2e-5}
+    loaded = {"flops": 3.7e10, "bw": 7e8, "t_call": 9e-6, "attn_flops": 9e10, "attn_bw": 1e9, "t_attn": 8e-3}
+    assert _disturbed(loaded) and not _disturbed(quiet)
+    best = _best_of(loaded, quiet)
+    assert best["flops"] == 1.6e11 and best["bw"] == 1.7e10 and best["attn_flops"] == 9e10
+    assert best["t_call"] == 8e-6 and best["t_attn"] == 2e-5
