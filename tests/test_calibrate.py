@@ -155,7 +155,8 @@ def test_calibration_never_worsens_the_rows_it_was_fitted_on(folder):
     c = cal.fit(None, gpu.name, rows=picked)
     for k, v in c.residual.items():
         assert v["mape_fitted"] <= v["mape_prior"], (k, v)
-    assert sum(v["mape_fitted"] for v in c.residual.values()) < sum(v["mape_prior"] for v in c.residual.values())
+    if folder == "h100_sxm":  # and there it helps (on the A100's rows cross-validation keeps the prior)
+        assert sum(v["mape_fitted"] for v in c.residual.values()) < sum(v["mape_prior"] for v in c.residual.values())
 
 
 def test_calibration_file_round_trips_and_names_its_contents(cal_file):
