@@ -200,12 +200,18 @@ class Predictor:
         g = self.gemm_ops
         ov = g.c.overlap
         inv_ov = 1.0 / ov
+        ops, breakdown = rec.ops, rec.breakdown
+        if breakdown:
+            fs = rec.factors
+            wave_d, active_d, duty_d, mem_d = (fs.setdefault(k, {}) for k in
+                                               ("eta_wave", "eta_active", "eta_duty", "eta_mem"))
         for name, n, k in self._gemm_list:
             tc, tm, wave, active, duty, eta_mem, fixed = g._gemm_base(tokens, n, k)
             tc /= f
-            rec.ops[name] = (fixed + (tc**ov + tm**ov) ** inv_ov) * layers
-            if rec.breakdown:
-                rec.gemm(name, branch(tc, tm, fixed), wave, active, duty, eta_mem)
+            ops[name] = (fixed + (tc**ov + tm**ov) ** inv_ov) * layers
+            if breakdown:
+                rec.bound[name] = branch(tc, tm, fixed)
+                wave_d[name], active_d[name], duty_d[name], mem_d[name] = wave, active, duty, eta_mem
 
     def t_attention(self, step: Step, f: float, layers: int, rec: _Recorder) -> None:
         """Prefill attention (causal chunks over their cached context) and decode attention (KV-cache reads)."""
@@ -290,9 +296,3 @@ class _Recorder:
             for k, v in t.factors.items():
                 if k != "f_clk":
                     self.factors.setdefault(k, {})[name] = v
-
-    def gemm(self, name: str, bound: str, wave: float, active: float, duty: float, eta_mem: float) -> None:
-        self.bound[name] = bound
-        f = self.factors
-        for k, v in (("eta_wave", wave), ("eta_active", active), ("eta_duty", duty), ("eta_mem", eta_mem)):
-            f.setdefault(k, {})[name] = v
