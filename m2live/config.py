@@ -100,10 +100,10 @@ class M2liveConfig:
     mqtt_control: bool = False
     mqtt_control_retained: bool = False
     trace: str | None = None
+    calibration: str | None = None  # path of a calibration JSON (m2live calibrate fit)
     sample_ms: float = 20.0
     engine: str | None = None  # None: the data-parallel rank
     residual_window: int = 256
-    calibration: str | None = None  # path of a calibration JSON (m2live calibrate fit)
     queue_size: int = 4096
     fault: str | None = None
     device_scale: float = 1.0  # test only: scales the device prior (see OPTIONS)
@@ -188,12 +188,6 @@ class M2liveConfig:
             L.GPU_INDEX.check(self.gpu_index, "M2LIVE_GPU_INDEX", ConfigError)
         if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):
             raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {mask_url(self.mqtt_url)!r}")
-        if not (1e-6 <= self.device_scale <= 1e6):
-            raise ConfigError(f"M2LIVE_DEVICE_SCALE must be within [1e-06, 1e+06], got {self.device_scale}")
-        if self.fault:
-            kind, _, n = self.fault.partition(":")
-            if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):
-                raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
         if self.calibration:
             from .calibrate import CalibrationError, load
 
@@ -203,6 +197,10 @@ class M2liveConfig:
                 raise ConfigError(f"M2LIVE_CALIBRATION: {e}") from None
         if not (1e-6 <= self.device_scale <= 1e6):
             raise ConfigError(f"M2LIVE_DEVICE_SCALE must be within [1e-06, 1e+06], got {self.device_scale}")
+        if self.fault:
+            kind, _, n = self.fault.partition(":")
+            if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):
+                raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
 
     def describe(self) -> dict[str, object]:
         """Every option with its effective value, secrets masked (``m2live config check``)."""
