@@ -4,6 +4,8 @@ the shipped model configs."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,22 @@ VIDUR = SHARED / "data" / "vidur"
 MODELS = REPO / "m2live" / "data" / "models"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+M2 = [sys.executable, "-m", "m2live"]
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The m2live command in a subprocess, as a user runs it."""
+    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(p: subprocess.CompletedProcess) -> str:
+    """The command failed as promised: exit 2, one line on stderr, no traceback; returns that line."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, p.stderr
+    return lines[0]
 
 
 @pytest.fixture

@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODELS, OPBENCH, free_port
+from conftest import MODELS, OPBENCH, free_port, one_line_error, run
 
 from m2live import calibrate as cal
 from m2live.efficiency import ArchConstants, constants_for
 from m2live.hardware import get_gpu
 from m2live.validate import in_core_region
 
-M2 = [sys.executable, "-m", "m2live"]
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(p: subprocess.CompletedProcess) -> str:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, p.stderr
-    return lines[0]
 
 
 def synthetic_rows(gpu: str, truth: ArchConstants, kinds=cal.KINDS) -> list[cal.Row]:

@@ -4,27 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import OPBENCH
+from conftest import OPBENCH, one_line_error, run
 
 from m2live.validate import score_directory
-
-M2 = [sys.executable, "-m", "m2live"]
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=120)
-
-
-def one_line_error(p: subprocess.CompletedProcess) -> str:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, p.stderr
-    return lines[0]
 
 
 def test_ops_predicts_rows_without_latency_column(tmp_path):

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import OPBENCH, SHARED
+from conftest import OPBENCH, SHARED, one_line_error, run
 
 from m2live import Predictor, Step
 from m2live.efficiency import ARCH_FP8, transfer_fp8
@@ -23,19 +21,6 @@ from m2live.validate import RowPredictor, in_core_region, mape, measured, read_t
 from m2live.workload import parse_workload
 
 OPBENCH_FP8 = SHARED / "data" / "opbench_fp8"
-M2 = [sys.executable, "-m", "m2live"]
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*M2, *args], capture_output=True, text=True, timeout=120)
-
-
-def one_line_error(p: subprocess.CompletedProcess) -> str:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, p.stderr
-    return lines[0]
 
 
 def test_every_catalog_gpu_with_fp8_tensor_cores_has_an_fp8_peak_and_ampere_has_none():
