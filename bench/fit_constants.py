@@ -167,10 +167,15 @@ def main() -> int:
             for other in fitted if other != arch}
     report["seconds"] = round(time.time() - t0, 1)
     report["constants"] = {a: asdict(c) for a, c in fitted.items()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2, default=list))
-    print(json.dumps({k: report[k] for k in ("in_sample", "leave_one_gpu_out")}, indent=2))
+    write_report(report, args.out)
     return 0
+
+
+def write_report(report: dict, out: str) -> None:
+    """The fit's JSON under results/, and its in-sample / leave-one-out figures on stdout."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2, default=list))
+    print(json.dumps({k: report[k] for k in ("in_sample", "leave_one_gpu_out")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Writes results/fp8_constants.json; the values are then copied into efficiency.FP
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, replace
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_constants import fit_group, load, mape  # noqa: E402
+from fit_constants import fit_group, load, mape, write_report  # noqa: E402
 
 from m2live.efficiency import ARCH_FP8, FITTED_GROUPS, transfer_fp8  # noqa: E402
 
@@ -70,9 +69,7 @@ def main() -> int:
     ap.add_argument("--max-rows", type=int, default=2000, help="rows per GPU used in the fit (random sample)")
     args = ap.parse_args()
     report = fit(args.maxiter, args.max_rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2, default=list))
-    print(json.dumps({k: report[k] for k in ("in_sample", "leave_one_gpu_out")}, indent=2))
+    write_report(report, args.out)
     return 0
 
 

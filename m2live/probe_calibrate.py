@@ -27,7 +27,7 @@ from typing import Any
 
 from . import calibrate as cal
 from .hardware import get_gpu
-from .probe import DRY_GPU, ProbeError, _load_torch
+from .probe import DRY_GPU, ProbeError, _Device, _load_torch
 
 CAL_FILE = "calibration.json"
 GEMM_CALLS, WARMUP, REPLAYS = 5, 3, 6  # opbench's timing: 5 calls per graph, 3 warm-up, mean of 6 replays
@@ -37,47 +37,27 @@ DRY_CAP = 32  # dry run: every dimension shrunk to at most this
 
 
 class _Timer:
+    """opbench's timing of one op on the probe's device (``probe._Device``: CUDA-graph capture, event timing)."""
+
     def __init__(self, torch: Any, cuda: bool):
         self.torch, self.cuda = torch, cuda
+        self.dev = _Device(torch, cuda)
 
     def per_call(self, fn: Callable[[], Any], calls: int) -> float:
-        """Seconds per call of ``fn``: ``calls`` back-to-back calls per replay, warm-ups, mean of REPLAYS."""
-        torch = self.torch
+        """Seconds per call of ``fn``: ``calls`` back-to-back calls per replay (a CUDA graph on a GPU), WARMUP
+        replays, then the mean of REPLAYS."""
 
         def body() -> None:
             for _ in range(calls):
                 fn()
 
         body()  # first call: library heuristics, workspaces
-        if not self.cuda:
-            t = []
-            for _ in range(REPLAYS):
-                t0 = time.perf_counter()
-                body()
-                t.append(time.perf_counter() - t0)
-            return sum(t) / len(t) / calls
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            body()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        for _ in range(WARMUP):
-            g.replay()
-        torch.cuda.synchronize()
-        ev = torch.cuda.Event
-        total = 0.0
-        for _ in range(REPLAYS):
-            a, b = ev(enable_timing=True), ev(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            total += a.elapsed_time(b) / 1e3
-        del g
+        replay = self.dev.graph(body) if self.cuda else body
+        for _ in range(WARMUP if self.cuda else 0):
+            replay()
+        self.dev.sync()
+        total = sum(self.dev.time_once(replay) for _ in range(REPLAYS))
+        del replay  # releases the graph's memory before the next shape
         return total / REPLAYS / calls
 
     def free_bytes(self) -> float:
