@@ -21,7 +21,7 @@ from m2live.cpu_device import constants_from_measurement, scale_spec, spec_from_
 from m2live.hardware import get_gpu
 from m2live.residuals import ResidualTracker, fit_scales
 
-# a CPU device measurement of the kind cpu_device.microbenchmark returns (2 AVX-512 threads, bf16)
+# a CPU device measurement of the kind cpu_kernels.microbenchmark returns (2 AVX-512 threads, bf16)
 CPU = {"flops": 1.6e11, "bw": 1.7e10, "t_call": 8e-6, "attn_flops": 8e10, "attn_bw": 1.5e10, "t_attn": 8e-6,
        "threads": 2, "mhz": 2000.0, "kind": "replayed"}
 
