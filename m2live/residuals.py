@@ -52,6 +52,8 @@ NC = len(CLASSES)
 NH = 3  # additive host terms: 1, decoding sequences, prefill chunks
 NF = NC + NH  # features per step
 LOG_BOUND = math.log(1e4)  # scales within [1e-4, 1e4]
+LEVEL_STEPS = 8  # the recent level: median log residual of this many steps
+CHOOSE_STEPS = 16  # the two candidate models are compared on this many recent out-of-sample errors
 _GEMM = (*GEMM_OPS, "lm_head")
 _ATTN = ("attn_prefill", "attn_decode")
 _HOST = ("host", "sampling")
@@ -75,6 +77,31 @@ def _huber_weights(r: np.ndarray, floor: float) -> np.ndarray:
     w = np.minimum(1.0, 1.345 / np.maximum(u, 1e-12))
     w[u > 6.0] = 0.0
     return w
+
+
+def nnls(A: np.ndarray, b: np.ndarray, iterations: int = 100) -> np.ndarray | None:
+    """min ||A x − b|| subject to x ≥ 0 (Lawson–Hanson active set; a handful of columns here)."""
+    m, n = A.shape
+    x = np.zeros(n)
+    free = np.zeros(n, dtype=bool)
+    for _ in range(iterations):
+        grad = A.T @ (b - A @ x)
+        if free.all() or np.max(np.where(free, -np.inf, grad)) <= 1e-12 * max(1.0, float(np.abs(grad).max())):
+            return x
+        free[int(np.argmax(np.where(free, -np.inf, grad)))] = True
+        while True:  # least squares on the free set, stepping back to the boundary where it goes negative
+            z = np.zeros(n)
+            sol, *_ = np.linalg.lstsq(A[:, free], b, rcond=None)
+            z[free] = sol
+            if np.all(z[free] > 0):
+                x = z
+                break
+            neg = free & (z <= 0)
+            alpha = float(np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300)))
+            x = x + alpha * (z - x)
+            free &= x > 1e-12
+            x[~free] = 0.0
+    return x if np.all(np.isfinite(x)) else None
 
 
 def fit_scales(X: np.ndarray, y: np.ndarray, u0: np.ndarray | None = None, ridge: float = 1.0,
@@ -148,25 +175,72 @@ class ResidualTracker:
         self.halflife = halflife
         self.n = 0
         # one plain tuple per step over the last `window` steps (arrays only when fitting or reporting):
-        # (*features, measured ms, raw predicted ms, raw rel. error, corrected rel. error)
+        # (*features, measured ms, raw predicted ms, raw rel. error, scales-only model's rel. error,
+        #  scales + host model's rel. error (nan while there is none), corrected rel. error)
         self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._scales: np.ndarray | None = None  # per-class multiplicative scales
-        self._host: np.ndarray | None = None  # additive host terms (ms), or None when they did not help
+        # two candidate models, both refitted on the whole window: per-class scales alone, and the scales refined
+        # with additive host terms; which one corrects is decided by their recent out-of-sample errors
+        self._scales: np.ndarray | None = None  # scales-only model
+        self._scales_h: np.ndarray | None = None  # scales of the host-term model
+        self._host_terms: np.ndarray | None = None  # its additive host terms (ms)
+        self._use_host = False
         self._u: np.ndarray | None = None  # log-scales of the last fit (warm start of the next)
         self._ratio_median = 1.0
+        self._level = 1.0  # recent level over the fit (the fast time scale; 1 on steady steps)
         self._converged = False
         self._upper_cache: dict[float, float] = {}
         self._lock = threading.Lock()  # guards the window between update() and readers on other threads
 
     # --- estimates --------------------------------------------------------------------------------
-    def _estimate_ms(self, x: tuple[float, ...]) -> float | None:
-        s, h = self._scales, self._host
+    @property
+    def _host(self) -> np.ndarray | None:
+        """The additive host terms in use (None while the scales-only model corrects)."""
+        return self._host_terms if self._use_host else None
+
+    def _model_ms(self, x: tuple[float, ...] | np.ndarray, host: bool) -> float | None:
+        """One candidate model's estimate (ms): scales only, or scales with host terms."""
+        s, h = (self._scales_h, self._host_terms) if host else (self._scales, None)
         if s is None:
             return None
         est = float(s[0] * x[0] + s[1] * x[1] + s[2] * x[2] + s[3] * x[3])
         if h is not None:
             est += float(h[0] * x[4] + h[1] * x[5] + h[2] * x[6])
         return est if est > 0 else None
+
+    def _structural_ms(self, x: tuple[float, ...] | np.ndarray) -> float | None:
+        """The model in use, without the recent level."""
+        return self._model_ms(x, self._use_host and self._host_terms is not None)
+
+    def _estimate_ms(self, x: tuple[float, ...]) -> float | None:
+        est = self._structural_ms(x)
+        return None if est is None else est * self._level
+
+    def _update_level(self) -> None:
+        """The fast time scale: the median log residual of the last ``LEVEL_STEPS`` steps against the current
+        fit, applied only beyond its own standard error (soft threshold). When the machine's speed shifts under
+        the engine (another tenant starts or stops) the window fit lags by tens of steps and its robust loss
+        treats the first shifted steps as outliers; the level follows within a few steps. On steady steps it
+        stays at 1 (its threshold is the noise of a median of a few residuals), so it adds no noise."""
+        if self._scales is None:
+            self._level = 1.0
+            return
+        with self._lock:
+            rows = list(self._rows)[-LEVEL_STEPS:]
+        if len(rows) < LEVEL_STEPS // 2:
+            return
+        r = []
+        for row in rows:
+            est = self._structural_ms(row[:NF])
+            if est is not None:
+                r.append(math.log(row[NF] / est))
+        if len(r) < LEVEL_STEPS // 2:
+            self._level = 1.0
+            return
+        a = np.array(r)
+        med = float(np.median(a))
+        se = 1.25 * 1.4826 * float(np.median(np.abs(a - med))) / math.sqrt(len(a))  # s.e. of a median
+        shift = math.copysign(max(0.0, abs(med) - 2.0 * se), med)
+        self._level = math.exp(max(-LOG_BOUND, min(LOG_BOUND, shift)))
 
     def correct(self, prediction: Prediction, step: Step) -> float:
         """Corrected expected step time in seconds (the raw prediction stays in ``prediction.total_s``)."""
@@ -214,9 +288,13 @@ class ResidualTracker:
     def update(self, step: Step, prediction: Prediction, measured_s: float) -> None:
         if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
             return
+        x = features(prediction, step)
         est = self.correct(prediction, step)  # scored before learning from this step
-        row = (*features(prediction, step), 1e3 * measured_s, 1e3 * prediction.total_s,
-               (measured_s - prediction.total_s) / measured_s, (measured_s - est) / measured_s)
+        m_ms = 1e3 * measured_s
+        e_s, e_h = (self._model_ms(x, host) for host in (False, True))
+        row = (*x, m_ms, 1e3 * prediction.total_s, (measured_s - prediction.total_s) / measured_s,
+               math.nan if e_s is None else (m_ms - e_s) / m_ms, math.nan if e_h is None else (m_ms - e_h) / m_ms,
+               (measured_s - est) / measured_s)
         with self._lock:
             self._rows.append(row)
             self.n += 1
@@ -226,11 +304,25 @@ class ResidualTracker:
         every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
         if self.n % every == 0 or self.n < self.min_fit:
             self._refit()
+        self._choose()
+        self._update_level()
         self._converged = self._judge()
+
+    def _choose(self) -> None:
+        """Correct with the host-term model only while its recent out-of-sample error (the last
+        ``CHOOSE_STEPS`` steps both models predicted before learning from them) is clearly lower."""
+        with self._lock:
+            rows = [r for r in list(self._rows)[-CHOOSE_STEPS:] if not (math.isnan(r[NF + 3]) or math.isnan(r[NF + 4]))]
+        if self._host_terms is None or len(rows) < CHOOSE_STEPS // 2:
+            self._use_host = False
+            return
+        e_s = float(np.median([abs(r[NF + 3]) for r in rows]))
+        e_h = float(np.median([abs(r[NF + 4]) for r in rows]))
+        self._use_host = e_h < (1.0 if self._use_host else 0.97) * e_s  # a little hysteresis
 
     def _refit(self) -> None:
         with self._lock:  # a consistent snapshot
-            a = np.array(self._rows, dtype=float).reshape(-1, NF + 4)
+            a = np.array(self._rows, dtype=float).reshape(-1, NF + 6)
         k = len(a)
         if k == 0:
             return
@@ -243,34 +335,24 @@ class ResidualTracker:
         rec = 0.5 ** ((k - 1 - np.arange(k)) / self.halflife)
         # 1. multiplicative scales per op class (log space, robust)
         u = fit_scales(X, y, self._u, self.ridge, recency=rec)
-        # 2. a linear refinement with additive host terms (floor, per sequence, per chunk) on the scaled classes,
-        # kept only if it predicts held-out steps better (fitted on every other step of the window, scored on the
-        # others): on noisy steps it would otherwise chase noise
-        host = None
-        if k >= 2 * self.min_fit:
-            tr, te = slice(0, None, 2), slice(1, None, 2)
-            u_tr = fit_scales(X[tr], y[tr], u, self.ridge, recency=rec[tr])
-            fit_tr = self._backfit(X[tr], H[tr], y[tr], u_tr, rec[tr])
-            if fit_tr is not None:
-                u_h, h = fit_tr
-                err_scales = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_tr)) / y[te]))
-                err_host = float(np.median(np.abs(y[te] - X[te] @ np.exp(u_h) - H[te] @ h) / y[te]))
-                if err_host < 0.97 * err_scales:
-                    fit_all = self._backfit(X, H, y, u, rec)
-                    if fit_all is not None:
-                        u, host = fit_all
-        if np.all(np.isfinite(u)):
-            self._u = u
-            self._scales = np.exp(u)
-            self._host = host
+        if not np.all(np.isfinite(u)):
+            return
+        self._u = u
+        self._scales = np.exp(u)
+        # 2. the same scales refined linearly with additive host terms (floor, per sequence, per chunk); whether
+        # it corrects is decided out of sample (``_choose``): on noisy steps it may chase noise
+        fit = self._backfit(X, H, y, u, rec)
+        if fit is not None:
+            self._scales_h, self._host_terms = fit
 
     def _backfit(self, X: np.ndarray, H: np.ndarray, y: np.ndarray, u: np.ndarray, rec: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
-        """A linear refinement on top of the scales: ``y ≈ Σ b_c·(s_c·t_c) + a + c_dec·n_dec + c_pf·n_pf``,
-        weighted least squares on relative error (Huber, recency), ridge toward b = 1 and the host terms 0 (each
-        worth one average step). The scaled classes are already in the engine's units, so the prior the ridge
-        pulls toward is right whatever the raw prior was. b within [0.2, 5], host terms ≥ 0. Returns the refined
-        log-scales and the host terms."""
+        """The linear refinement of the scales: ``y ≈ Σ b_c·(s_c·t_c) + a + c_dec·n_dec + c_pf·n_pf``, least squares
+        on relative error with every coefficient ≥ 0 (Huber, recency), a ridge toward b = 1 and the host terms 0
+        (each worth one average step). The scaled classes are already in the engine's units, so the prior the
+        ridge pulls toward is right whatever the raw prior was; b is free (≥ 0): on a tiny model whose prefill
+        costs the host per chunk, not per token, the GEMM share can fall to almost nothing. Returns the refined
+        per-class scales (linear, ≥ 0) and the host terms."""
         k = len(y)
         Z = np.hstack([X * np.exp(u), H])
         prior = np.concatenate([np.ones(NC), np.zeros(NH)])
@@ -280,29 +362,26 @@ class ResidualTracker:
         for _ in range(3):
             sw = base * w
             A = Z * sw[:, None]
-            G = A.T @ A
-            lam = self.ridge * np.maximum(np.diag(G) / k, 1e-12)
-            try:
-                th = np.linalg.solve(G + np.diag(lam), A.T @ (y * sw) + lam * prior)
-            except np.linalg.LinAlgError:
+            lam = self.ridge * np.maximum(np.sum(A * A, axis=0) / k, 1e-12)
+            # the ridge as extra rows: sqrt(lam)·(theta - prior)
+            th = nnls(np.vstack([A, np.diag(np.sqrt(lam))]), np.concatenate([y * sw, np.sqrt(lam) * prior]))
+            if th is None:
                 return None
-            th[:NC] = np.clip(th[:NC], 0.2, 5.0)
-            th[NC:] = np.maximum(th[NC:], 0.0)
             w = _huber_weights((y - Z @ th) / y, 0.01)
         if not np.all(np.isfinite(th)):
             return None
-        return np.clip(u + np.log(th[:NC]), -LOG_BOUND, LOG_BOUND), th[NC:]
+        return np.minimum(np.exp(u) * th[:NC], math.exp(LOG_BOUND)), th[NC:]
 
     # --- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
         with self._lock:
-            a = np.array(self._rows, dtype=float).reshape(-1, NF + 4)
+            a = np.array(self._rows, dtype=float).reshape(-1, NF + 6)
         k = len(a)
 
         def med_abs(col: int) -> float | None:
             return float(np.median(np.abs(a[:, col]))) if k else None
 
-        s, h = self._scales, self._host
+        s, h = (self._scales_h, self._host_terms) if self._host is not None else (self._scales, None)
         host_floor = None
         if s is not None and k:
             # what the lightest step in the window costs the host: its scaled host prior plus the additive floor
@@ -311,10 +390,11 @@ class ResidualTracker:
             "n": self.n,
             "window": k,
             "median_abs_ratio_raw": med_abs(NF + 2),
-            "median_abs_ratio_corrected": med_abs(NF + 3),
+            "median_abs_ratio_corrected": med_abs(NF + 5),
             "median_measured_over_predicted": self._ratio_median,
             "scales": None if s is None else {c: float(v) for c, v in zip(CLASSES, s, strict=True)},
             "host_floor_s": host_floor,
+            "level": self._level,
             "per_decode_seq_s": None if h is None else float(h[1]) * 1e-3,
             "per_prefill_chunk_s": None if h is None else float(h[2]) * 1e-3,
             "converged": self.converged,

@@ -81,6 +81,71 @@ def test_correction_converges_from_a_prior_off_by_100x(device: str, scale: float
     assert tr.converged
 
 
+def _tiny_engine_time(truth: Predictor, step: Step, rng: random.Random) -> float:
+    """A tiny model on a CPU, as the real-engine test runs it: the host dominates (a floor, a cost per decoding
+    sequence, and a prefill chunk that costs the host per chunk, not per token), the device body a twentieth of
+    the prior's; bimodal (one step in five twice as slow: another job on the core) plus 8 % noise."""
+    t = 2.6e-3 + 0.2e-3 * len(step.decode_contexts) + 4.5e-3 * len(step.prefill_seqs) \
+        + 0.05 * truth.predict(step, f_clk=1.0).t_blocks
+    t *= float(np.exp(rng.gauss(0.0, 0.08)))
+    return 2 * t if rng.random() < 0.2 else t
+
+
+def _floor(rows: list[tuple[float, int, int, int]]) -> float:
+    """The in-sample noise floor: median relative error of the best linear fit on the step's shape."""
+    y = np.array([r[0] for r in rows])
+    X = np.array([[1.0, r[1], r[2], r[3]] for r in rows])
+    th, *_ = np.linalg.lstsq(X / y[:, None], np.ones(len(y)), rcond=None)
+    return float(np.median(np.abs(X @ th - y) / y))
+
+
+@pytest.mark.parametrize("scale", [0.01, 100.0])
+def test_a_host_dominated_tiny_model_is_rescued_to_its_noise_floor(scale: float) -> None:
+    """The real-engine case in replay: 60 steps of 1-6 decodes and a prefill chunk in a quarter of them. The GEMM
+    prior's shape is wrong here (prefill costs per chunk, not per token), so only the additive host terms with a
+    GEMM share free to fall near zero fit it; after step 30 the corrected median is within twice the run's own
+    noise floor, in every one of 12 seeded runs (the scales refined within [0.2, 5] missed it in a third)."""
+    truth, prior = _predictor("cpu", 1.0), _predictor("cpu", scale)
+    for seed in range(12):
+        rng = random.Random(seed)
+        tr = ResidualTracker()
+        cor, rows = [], []
+        ctxs = [rng.randint(20, 300) for _ in range(3)]
+        for _ in range(60):
+            ctxs = [c + 1 for c in ctxs if c < 600]
+            while len(ctxs) < rng.randint(1, 6):
+                ctxs.append(rng.randint(16, 300))
+            step = Step.build([(rng.choice([33, 90, 150, 256]), 0)] if rng.random() < 0.25 else [], ctxs)
+            measured = _tiny_engine_time(truth, step, rng)
+            p = prior.predict(step, f_clk=1.0)
+            cor.append(abs(tr.correct(p, step) - measured) / measured)
+            tr.update(step, p, measured)
+            rows.append((measured, len(step.prefill_seqs), len(step.decode_contexts), step.num_tokens))
+        assert np.median(cor[30:]) <= min(0.15, 2 * _floor(rows)), (seed, np.median(cor[30:]), _floor(rows))
+
+
+def test_a_machine_that_turns_3x_slower_is_followed_within_ten_steps() -> None:
+    """Another tenant starts at step 100 and every step from then on is 3x slower: the window fit alone lags for
+    a hundred steps (its median error stayed ~0.25-0.6); the fast level follows within ten."""
+    truth = prior = _predictor("cpu", 1.0)
+    rng = random.Random(0)
+    tr = ResidualTracker()
+    cor = []
+    ctxs = [rng.randint(20, 900) for _ in range(8)]
+    for i in range(160):
+        ctxs = [c + 1 for c in ctxs if c < 1500]
+        while len(ctxs) < rng.randint(4, 24):
+            ctxs.append(rng.randint(16, 900))
+        step = Step.build([(rng.choice([16, 48, 128, 256, 400]), 0)] if rng.random() < 0.3 else [], ctxs)
+        measured = _engine_time(truth, step, rng) * (3.0 if i >= 100 else 1.0)
+        p = prior.predict(step, f_clk=1.0)
+        cor.append(abs(tr.correct(p, step) - measured) / measured)
+        tr.update(step, p, measured)
+    assert np.median(cor[50:100]) <= 0.1
+    assert np.median(cor[110:130]) <= 0.15 and np.median(cor[130:]) <= 0.15
+    assert tr.stats()["level"] > 1.2  # part of the shift still carried by the level: the window fit lags
+
+
 def test_scales_recover_a_known_distortion_in_log_space() -> None:
     rng = np.random.default_rng(0)
     X = rng.uniform(0.1, 5.0, size=(64, 4))
