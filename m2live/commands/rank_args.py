@@ -1,0 +1,101 @@
+"""Text arguments of ``m2live rank`` turned into planner inputs; every malformed value is a ``PlanError``
+naming its flag (the CLI prints it as one line, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from ..hardware import all_gpus, get_gpu
+from ..planner import PlanConfig, PlanError
+from ..validate import positive_float
+
+
+def parse_tp_list(text: str) -> list[int]:
+    items = [s.strip() for s in str(text).split(",")]
+    out = []
+    for s in items:
+        if not re.fullmatch(r"[0-9]+", s or "x") or int(s) < 1 or int(s) > 64:
+            raise PlanError(f"--tp {text!r}: expected comma-separated integers in 1..64, e.g. 1,2,4,8")
+        out.append(int(s))
+    return sorted(set(out))
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """``GPU=$/h,...`` (per GPU-hour; '$' optional) -> {canonical NVML name: price}."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for item in str(text).split(","):
+        item = item.strip()
+        if "=" not in item:
+            raise PlanError(f"--price {item!r}: expected GPU=DOLLARS_PER_HOUR, e.g. h100-sxm=2.5")
+        name, val = (s.strip() for s in item.rsplit("=", 1))
+        val = val.removeprefix("$").removesuffix("/h").strip()
+        out[get_gpu(name).name] = positive_float(val, f"--price {item!r}: dollars per GPU-hour", PlanError)
+    return out
+
+
+def pos_int(text: str, flag: str) -> int:
+    s = str(text).strip()
+    if not s.isdigit() or int(s) < 1:
+        raise PlanError(f"{flag} must be a positive integer, got {text!r}")
+    return int(s)
+
+
+def nonneg_int(text: str, flag: str) -> int:
+    s = str(text).strip()
+    if not s.isdigit():
+        raise PlanError(f"{flag} must be a non-negative integer, got {text!r}")
+    return int(s)
+
+
+def parse_slo(text: str | None) -> float | None:
+    """``--slo-ms`` in seconds (None: no SLO)."""
+    if text is None:
+        return None
+    return positive_float(text, "--slo-ms (milliseconds)", PlanError) / 1e3
+
+
+def parse_gpus(text: str) -> list[str]:
+    """``--gpus``: canonical names, in the order given, without repeats; ``all`` is the whole catalog."""
+    if text.strip().lower() == "all":
+        return [g.name for g in all_gpus()]
+    names = [s.strip() for s in text.split(",")]
+    if not names or any(not s for s in names):
+        raise PlanError(f"--gpus {text!r}: expected comma-separated GPU names or 'all'")
+    out: list[str] = []
+    for n in names:
+        g = get_gpu(n).name
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
+    """GPU name -> constants of the calibration at ``path``; refused when its GPU is not among those ranked."""
+    if not path:
+        return {}
+    from ..calibrate import load
+
+    cal = load(path)
+    ranked = {get_gpu(g).name for g in gpus}
+    if cal.gpu not in ranked:
+        raise PlanError(f"calibration {path} is for {cal.gpu}, which is not among the GPUs ranked "
+                        f"({', '.join(sorted(ranked))}): add it to --gpus or drop --calibration")
+    return {cal.gpu: cal.arch_constants()}
+
+
+def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
+    """The planner's configuration from the parsed flags."""
+    return PlanConfig(slo_s=parse_slo(args.slo_ms), max_num_seqs=pos_int(args.max_seqs, "--max-seqs"),
+                      max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
+                      clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
+                      constants=calibrated_constants(args.calibration, gpus), precision=args.precision)
+
+
+def png_path(text: str | None) -> str | None:
+    """``--plot``: a .png file name, or None."""
+    if text and not str(text).lower().endswith(".png"):
+        raise PlanError(f"--plot {text!r}: give a .png file name")
+    return text

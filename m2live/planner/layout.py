@@ -1,0 +1,137 @@
+"""One GPU x TP layout under continuous batching with chunked prefill, and what bounds its steps.
+
+With B requests decoding, each step generates B tokens and must also prefill ``B x E[p]/E[d]`` prompt tokens to
+keep the batch full. Decode contexts average ``E[d (p + (d-1)/2)] / E[d]`` (token-weighted); the prefill share is
+laid out as whole prompts plus one chunk in the middle of a prompt, sized so its causal-attention work is the
+workload's mean (prompt length ``E[p^2]/E[p]``). The step time of that steady step comes from the Predictor
+(forecast clock by default). B is limited by the KV cache, ``max_num_seqs`` and the token budget; with an SLO the
+largest B whose predicted step time meets it is found by bisection (step time grows with B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..hardware import GpuSpec
+from ..predictor import Prediction, Predictor
+from ..shapes import ModelShape
+from ..step import Step
+from ..workload import WorkloadStats
+from .memory import PlanConfig, memory_fit
+
+BOUND_CLASSES = ("compute", "memory", "communication", "host")
+
+
+def bound_shares(pred: Prediction) -> dict[str, float]:
+    """Share of the step's time in ops bound by compute / memory / communication / host."""
+    acc = dict.fromkeys(BOUND_CLASSES, 0.0)
+    for op, t in pred.ops.items():
+        b = pred.bound.get(op, "host")
+        acc[b if b in acc else "host"] += t  # "latency" (fixed kernel latency) counts as host-like overhead
+    tot = sum(acc.values()) or 1.0
+    return {k: v / tot for k, v in acc.items()}
+
+
+def dominant_bound(shares: dict[str, float]) -> str:
+    return max(BOUND_CLASSES, key=lambda k: shares.get(k, 0.0))
+
+
+def max_true(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """Largest x in [lo, hi] with ok(x), for ok monotone (true then false); lo - 1 when none."""
+    if hi < lo or not ok(lo):
+        return lo - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class LayoutModel:
+    """Step times of one GPU x TP layout for one workload (memoised: the searches revisit batch sizes)."""
+
+    def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
+        self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
+        self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, constants=cfg.constants.get(gpu.name))
+        self.shard = self.pred.model
+        self.mem = memory_fit(gpu, self.shard, stats, cfg, cfg.precision)
+        self.ratio = stats.prefill_per_decode
+        self.p_attn = max(1, round(stats.prompt_attn))
+        self.ctx = max(1, round(stats.decode_ctx))
+        self._t: dict[int, float] = {}
+
+    # steady state
+    def prefill_layout(self, tokens: int) -> list[tuple[int, int]]:
+        """``tokens`` prefill tokens as whole prompts plus one chunk in the middle of a prompt."""
+        if tokens <= 0:
+            return []
+        full, rem = divmod(tokens, self.p_attn)
+        out = [(self.p_attn, 0)] * full
+        if rem:
+            out.append((rem, (self.p_attn - rem) // 2))
+        return out
+
+    def prefill_tokens(self, b: int) -> int:
+        return int(round(b * self.ratio))
+
+    def steady_step(self, b: int) -> Step:
+        return Step.build(self.prefill_layout(self.prefill_tokens(b)), [self.ctx] * b)
+
+    def kv_needed(self, b: int) -> int:
+        pre = self.prefill_layout(self.prefill_tokens(b))
+        return b * (self.ctx + 1) + sum(n + c for n, c in pre)
+
+    def resource_cap(self) -> tuple[int, str]:
+        """Largest decode batch the KV cache, max_num_seqs and the token budget allow, and which binds."""
+        cfg = self.cfg
+        limits = {
+            "kv_memory": lambda b: self.kv_needed(b) <= self.mem.kv_tokens,
+            "max_num_seqs": lambda b: b + len(self.prefill_layout(self.prefill_tokens(b))) <= cfg.max_num_seqs,
+            "token_budget": lambda b: b + self.prefill_tokens(b) <= cfg.max_batched_tokens,
+        }
+        caps = {k: max_true(1, cfg.max_num_seqs, f) for k, f in limits.items()}
+        which = min(caps, key=lambda k: caps[k])
+        return caps[which], which
+
+    # predictions
+    def time(self, step: Step) -> float:
+        if self.cfg.clock == "boost":
+            return self.pred.predict_total(step, 1.0)
+        return self.pred.predict_total(step, self.pred.forecast_f_clk(step))
+
+    def predict(self, step: Step) -> Prediction:
+        return self.pred.predict(step, f_clk=1.0 if self.cfg.clock == "boost" else None)
+
+    def t_steady(self, b: int) -> float:
+        t = self._t.get(b)
+        if t is None:
+            t = self._t[b] = self.time(self.steady_step(b))
+        return t
+
+    # searches
+    def max_batch(self, slo_s: float | None, cap: int) -> int:
+        if slo_s is None:
+            return cap
+        return max_true(1, cap, lambda b: self.t_steady(b) <= slo_s)
+
+    def best_batch(self, b_max: int) -> int:
+        """The batch in [1, b_max] with the most generated tokens/s. Usually b_max itself; on a tight power cap
+        the forecast clock can droop faster than the batch grows, and a smaller batch wins (seed: L40S)."""
+        if b_max < 2:
+            return b_max
+        cands = {b_max} | {max(1, round(b_max * 2 ** (-j / 4))) for j in range(1, 13)}
+        return max(sorted(cands, reverse=True), key=lambda b: b / self.t_steady(b))
+
+    def chunk_budget(self, b: int, slo_s: float) -> int:
+        """Largest prefill chunk (tokens) that fits with ``b`` decodes in one step within the SLO."""
+        hi = self.cfg.max_batched_tokens - b
+        mid_ctx = self.p_attn
+
+        def ok(c: int) -> bool:
+            chunk = min(c, mid_ctx)
+            pre = [(c, max(0, (mid_ctx - chunk) // 2))]
+            return self.time(Step.build(pre, [self.ctx] * b)) <= slo_s
+
+        return max(0, max_true(1, hi, ok))

@@ -1,0 +1,128 @@
+"""The planner's configuration and the memory fit of one GPU x TP layout.
+
+Per GPU: ``usable = memory x (1 - reserve_fraction) - reserve_bytes`` (vLLM's default
+``gpu_memory_utilization=0.9`` leaves 10 %; 1.5 GiB covers the CUDA context, cuBLAS/NCCL workspaces and captured
+CUDA graphs). From it come the weight shard, the activation peak of one forward pass at the token budget
+(``activation_bytes``) and the KV cache; the KV cache must hold at least one request of the workload's p99
+length. A layout that fails says which term did not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..efficiency import ArchConstants
+from ..hardware import GpuSpec
+from ..shapes import ModelShape
+from ..workload import WorkloadStats
+
+GIB = 1024**3
+
+
+class PlanError(ValueError):
+    """Planner input that cannot describe a real deployment."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    slo_s: float | None = None  # per-step latency SLO (= inter-token latency); None: no latency limit
+    max_num_seqs: int = 1024  # vLLM V1 default max_num_seqs (OpenAI server, GPUs with >= 70 GiB)
+    max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (token budget per step)
+    reserve_fraction: float = 0.10  # vLLM gpu_memory_utilization = 0.9
+    reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs
+    clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
+    prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
+    rank_by: str = "auto"  # auto | gpu | dollar | layout
+    constants: dict[str, ArchConstants] = field(default_factory=dict)  # GPU name -> its calibration's constants
+    precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
+
+    def __post_init__(self) -> None:
+        if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):
+            raise PlanError(f"SLO must be a positive number of seconds, got {self.slo_s!r}")
+        for name in ("max_num_seqs", "max_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"{name} must be a positive integer, got {v!r}")
+        if not 0 <= self.reserve_fraction < 1:
+            raise PlanError(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction}")
+        if self.clock not in ("forecast", "boost"):
+            raise PlanError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
+        if self.precision not in ("bf16", "fp8"):
+            raise PlanError(f"precision must be bf16 or fp8, got {self.precision!r}")
+        if self.rank_by not in ("auto", "gpu", "dollar", "layout"):
+            raise PlanError(f"rank_by must be auto, gpu, dollar or layout, got {self.rank_by!r}")
+        for g, p in self.prices.items():
+            if not (p > 0 and math.isfinite(p)):
+                raise PlanError(f"price for {g} must be a positive $/GPU-hour, got {p!r}")
+
+
+def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precision: str = "bf16") -> float:
+    """Peak activation memory of one forward pass at the token budget, on one GPU (conservative: every
+    intermediate of one layer live at once) plus fp32 logits and probabilities for the sampled sequences.
+    Activations stay bf16 under fp8; the e4m3 copies of the four projections' inputs add 1 byte per element."""
+    d = shard.dtype_bytes
+    tp = shard.tp
+    per_token = (2 * shard.hidden + (shard.heads_per_gpu + 2 * shard.kv_heads_per_gpu) * shard.head_dim
+                 + shard.heads_per_gpu * shard.head_dim + 3 * shard.intermediate // tp)
+    quant = 2 * shard.hidden + shard.heads_per_gpu * shard.head_dim + shard.intermediate // tp
+    logits = 2 * 4 * max_seqs * -(-shard.vocab // tp)
+    return float(d * max_tokens * per_token + (max_tokens * quant if precision == "fp8" else 0) + logits)
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    total_bytes: float
+    reserve_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    kv_bytes: float  # left for the KV cache (may be negative)
+    kv_bytes_per_token: int
+    kv_tokens: int
+    request_tokens_p99: int
+    fits: bool
+    reason: str
+
+    @classmethod
+    def refused(cls, gpu: GpuSpec, reason: str) -> MemoryFit:
+        """A layout refused before its memory was counted (no fp8 tensor cores, a shape TP cannot shard)."""
+        return cls(gpu.mem_bytes, 0, 0, 0, 0, 0, 0, 0, False, reason)
+
+    def to_dict(self) -> dict:
+        g = 1e9
+        return {"total_gb": self.total_bytes / g, "reserve_gb": self.reserve_bytes / g,
+                "weights_gb": self.weight_bytes / g, "activations_gb": self.activation_bytes / g,
+                "kv_cache_gb": max(0.0, self.kv_bytes) / g, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_tokens": self.kv_tokens, "request_tokens_p99": self.request_tokens_p99,
+                "fits": self.fits, "reason": self.reason}
+
+
+def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanConfig,
+               precision: str = "bf16") -> MemoryFit:
+    """Weights (fp8 W8A8: the four projections at 1 byte per weight), activations and the KV cache on one GPU."""
+    total = gpu.mem_bytes
+    reserve = total * cfg.reserve_fraction + cfg.reserve_bytes
+    weights = float(shard.weight_bytes(precision))
+    act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs, precision)
+    kv = total - reserve - weights - act
+    per_tok = shard.kv_bytes_per_token()
+    kv_tokens = max(0, int(kv // per_tok))
+    need = int(math.ceil(stats.total_p["p99"]))
+    reason = _misfit_reason(total, reserve, weights, act, kv, kv_tokens, need, per_tok)
+    return MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
+
+
+def _misfit_reason(total: float, reserve: float, weights: float, act: float, kv: float, kv_tokens: int,
+                   need: int, per_tok: int) -> str:
+    """Which term did not fit ('' when all do)."""
+    g = 1e9
+    if weights > total - reserve:
+        return (f"weights {weights / g:.1f} GB/GPU exceed the {(total - reserve) / g:.1f} GB usable of "
+                f"{total / g:.0f} GB (reserve {reserve / g:.1f} GB)")
+    if kv <= 0:
+        return (f"weights {weights / g:.1f} GB + activations {act / g:.1f} GB leave no KV cache in "
+                f"{(total - reserve) / g:.1f} GB usable")
+    if kv_tokens < need:
+        return (f"KV cache {kv / g:.1f} GB holds {kv_tokens} tokens, less than one p99 request "
+                f"({need} tokens = {need * per_tok / g:.1f} GB)")
+    return ""
