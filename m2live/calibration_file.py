@@ -1,0 +1,184 @@
+"""The files of a GPU calibration: measured opbench tables in, the versioned calibration JSON out.
+
+- ``read_rows(DIR, gpu)``: the measured rows of DIR's opbench tables (any subset of ``FILES``), checked to be of
+  that GPU, with at least ``MIN_ROWS`` per kind; ``rows_from_tables`` for the bench and tests.
+- ``Calibration``: the JSON (``SCHEMA``; ``load`` / ``save``, validated on load), ``arch_constants()`` gives the
+  ``ArchConstants`` to predict with; ``check_gpu`` (and ``load_for``) refuse a calibration of another GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .calibration_params import ALL_CALIBRATED, FILES, LINEAR, SHAPE_COLS, TABLE_KIND, CalibrationError, Row
+from .efficiency import ArchConstants, constants_for
+from .hardware import GpuSpec, get_gpu
+from .validate import TableError, in_core_region, measured, read_table
+
+SCHEMA = "m2live.calibration/1"
+MIN_ROWS = 4  # fewer measured rows of a kind than this cannot pin anything: refused
+
+
+# ---- the calibration file -----------------------------------------------------------------------------------
+@dataclass
+class Calibration:
+    gpu: str  # canonical NVML name
+    arch: str  # kernel family whose constants it refines (GpuSpec.kernel_family)
+    constants: dict[str, dict[str, float]]  # name -> {"prior": x, "fitted": y}
+    rows: dict[str, int]  # rows used per kind
+    residual: dict[str, dict[str, float]]  # kind -> {"mape_prior": x, "mape_fitted": y} on the rows used
+    m2live_version: str = ""
+    created: str = ""
+    fit: dict = field(default_factory=dict)  # per fit group: what cross-validation chose, out-of-fold MAPEs
+    path: str | None = field(default=None, compare=False)
+
+    def fitted(self) -> dict[str, float]:
+        return {n: v["fitted"] for n, v in self.constants.items()}
+
+    def arch_constants(self) -> ArchConstants:
+        """The architecture's constants with this GPU's fitted values."""
+        used = ", ".join(f"{n} {k}" for k, n in self.rows.items() if n)
+        return replace(constants_for(get_gpu(self.gpu)), **self.fitted(),
+                       fitted_on=f"calibration of {self.gpu} ({used} measured rows)"
+                       + (f", {self.path}" if self.path else ""))
+
+    def label(self) -> str:
+        """What the info metric and the CLI say about this calibration."""
+        return f"{Path(self.path).name if self.path else 'calibration'} ({self.gpu}, {self.created})"
+
+    def check_gpu(self, gpu: GpuSpec | str) -> None:
+        name = get_gpu(gpu).name if isinstance(gpu, str) else gpu.name
+        if name != self.gpu:
+            src = f" ({self.path})" if self.path else ""
+            raise CalibrationError(f"calibration{src} is for {self.gpu}, not {name}: calibrate this GPU "
+                                   "with `m2live calibrate plan/fit` or drop --calibration")
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "gpu": self.gpu, "arch": self.arch, "m2live_version": self.m2live_version,
+                "created": self.created, "constants": self.constants, "rows": self.rows, "residual": self.residual,
+                "fit": self.fit}
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, doc: object, path: str | None = None) -> Calibration:
+        where = path or "calibration"
+        if not isinstance(doc, dict):
+            raise CalibrationError(f"{where}: not a calibration (a JSON object is expected)")
+        if doc.get("schema") != SCHEMA:
+            raise CalibrationError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
+        try:
+            gpu = get_gpu(str(doc["gpu"]))
+        except KeyError as e:
+            raise CalibrationError(f"{where}: {e}") from None
+        if doc.get("arch") != gpu.kernel_family:
+            raise CalibrationError(f"{where}: arch {doc.get('arch')!r} is not {gpu.name}'s ({gpu.kernel_family})")
+        consts = doc.get("constants")
+        if not isinstance(consts, dict) or not consts:
+            raise CalibrationError(f"{where}: no constants")
+        clean: dict[str, dict[str, float]] = {}
+        for n, v in consts.items():
+            if n not in ALL_CALIBRATED:
+                raise CalibrationError(f"{where}: {n!r} is not a calibrated constant ({', '.join(ALL_CALIBRATED)})")
+            try:
+                prior, val = float(v["prior"]), float(v["fitted"])
+            except (TypeError, KeyError, ValueError):
+                raise CalibrationError(f"{where}: constant {n!r} needs numeric 'prior' and 'fitted'") from None
+            if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
+                raise CalibrationError(f"{where}: constant {n!r} has an invalid fitted value {v['fitted']!r}")
+            clean[n] = {"prior": prior, "fitted": val}
+        return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
+                   str(doc.get("m2live_version", "")), str(doc.get("created", "")),
+                   dict(doc.get("fit") or {}), path)
+
+
+def load(path: str | os.PathLike) -> Calibration:
+    p = str(path)
+    try:
+        text = Path(p).read_text()
+    except FileNotFoundError:
+        raise CalibrationError(f"no such calibration file: {p}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise CalibrationError(f"cannot read calibration {p}: {e.__class__.__name__}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CalibrationError(f"{p}: not JSON ({e.msg}, line {e.lineno})") from None
+    return Calibration.from_json(doc, p)
+
+
+def load_for(path: str | os.PathLike | None, gpu: GpuSpec | str) -> ArchConstants | None:
+    """The constants to predict ``gpu`` with under the calibration at ``path`` (None: no calibration); refuses a
+    calibration of another GPU."""
+    if not path:
+        return None
+    cal = load(path)
+    cal.check_gpu(gpu)
+    return cal.arch_constants()
+
+
+# ---- reading measured tables --------------------------------------------------------------------------------
+def read_rows(directory: str | os.PathLike, gpu: GpuSpec) -> list[Row]:
+    """The measured rows of DIR's opbench tables (any subset of FILES), checked to be of ``gpu``."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CalibrationError(f"{directory}: not a directory (give the folder holding {', '.join(FILES.values())})")
+    paths = [d / name for name in FILES.values() if (d / name).is_file()]
+    if not paths:
+        raise CalibrationError(f"{directory}: none of {', '.join(FILES.values())} found")
+    rows: list[Row] = []
+    for p in paths:
+        try:
+            t = read_table(p)
+            meas = measured(t)
+        except TableError as e:
+            raise CalibrationError(str(e)) from None
+        if meas is None:
+            raise CalibrationError(f"{p}: no latency_ms column (measure the plan's shapes first)")
+        n_kind: dict[str, int] = {}
+        for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, meas, strict=True), start=2):
+            dev = (row.get("device") or "").strip()
+            if dev:
+                try:
+                    other = get_gpu(dev).name
+                except KeyError:
+                    other = dev
+                if other != gpu.name:
+                    raise CalibrationError(f"{p}:{i}: a row of {dev}, not {gpu.name}: calibrate one GPU per folder")
+            k = TABLE_KIND[kind]
+            try:
+                cells = {c: str(int(float(row[c]))) for c in SHAPE_COLS[k]}
+            except (KeyError, ValueError):
+                raise CalibrationError(f"{p}:{i}: malformed shape cells") from None
+            if k != "gemm" and int(cells["head_dim"]) % 8:
+                raise CalibrationError(f"{p}:{i}: head_dim {cells['head_dim']} is not a multiple of 8")
+            rows.append(Row(k, cells, ms))
+            n_kind[k] = n_kind.get(k, 0) + 1
+        for k, n in n_kind.items():
+            if n < MIN_ROWS:
+                raise CalibrationError(f"{p}: only {n} {k} rows; a calibration needs at least {MIN_ROWS} per kind")
+    return rows
+
+
+
+def rows_from_tables(paths: Iterable[str | os.PathLike], region: bool = True,
+                     keep: Callable[[str, dict[str, str]], bool] | None = None) -> list[Row]:
+    """Measured rows of opbench tables (for the bench and tests), optionally filtered."""
+    out: list[Row] = []
+    for p in paths:
+        t = read_table(p)
+        meas = measured(t)
+        if meas is None:
+            raise CalibrationError(f"{p}: no latency_ms column")
+        for kind, row, ms in zip(t.kinds, t.rows, meas, strict=True):
+            if region and not in_core_region(kind, row):
+                continue
+            if keep is None or keep(TABLE_KIND[kind], row):
+                out.append(Row(TABLE_KIND[kind], {c: row[c] for c in SHAPE_COLS[TABLE_KIND[kind]]}, ms))
+    return out

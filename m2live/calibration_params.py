@@ -1,0 +1,130 @@
+"""What a GPU calibration fits: the constants, how far each may move, and predicting rows with a candidate set.
+
+The kinds of measured rows (``KINDS``, their opbench files and shape columns), the constants each kind's rows
+see (``CALIBRATED``; the few plainly the GPU's own, ``PRIMARY``), each constant's prior spread, bounds and
+parameterisation (``Params``: theta <-> log theta), and ``predict_rows``: a row's latency under a candidate set
+of constants, by the same code path as ``m2live ops``. The plan (``calibration_plan``), the fit
+(``calibrate``) and the files (``calibration_file``) all build on this module.
+
+numpy only: the core package imports without scipy, torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from .efficiency import ArchConstants
+from .hardware import GpuSpec
+from .validate import ATTN_COLS, GEMM_COLS, RowPredictor
+
+KINDS = ("gemm", "prefill", "decode")
+TABLE_KIND = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "decode"}  # validate's -> ours
+ROW_KIND = {v: k for k, v in TABLE_KIND.items()}
+FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv"}
+SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS}
+
+# The constants a calibration fits, by the rows that see them. Every name is a field of ArchConstants (checked
+# below); a constant shared by two kinds (the attention floor) is fitted on both kinds' rows together.
+CALIBRATED: dict[str, tuple[str, ...]] = {
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
+    "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost"),
+    "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_relayout"),
+}
+# The few constants that are most plainly this GPU's own rather than its kernel library's (tensor ceiling, DRAM
+# efficiency and its ramp, kernel latency; the attention call's floor and fixed part, the attention kernels'
+# tensor and streaming efficiency): a fit may move only these when cross-validation says the rest overfit.
+PRIMARY: dict[str, tuple[str, ...]] = {
+    "gemm": ("eta_tc", "t_kernel", "eta_mem", "t_ramp"),
+    "prefill": ("t_attn", "t_attn_over", "eta_attn"),
+    "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "cta_bw"),
+}
+_FIELDS = {f.name for f in fields(ArchConstants)}
+for _kind, _names in CALIBRATED.items():
+    for _n in (*_names, *PRIMARY[_kind]):
+        if _n not in _FIELDS:
+            raise ImportError(f"CALIBRATED/PRIMARY[{_kind!r}] names {_n!r}, not an ArchConstants field")
+ALL_CALIBRATED = tuple(dict.fromkeys(n for names in CALIBRATED.values() for n in names))
+
+# How far the rows may move each constant from its prior, and how hard the ridge pulls it back. Constants are
+# fitted as log(theta) (positive, multiplicative errors) unless named in LINEAR (a prior of 0 is a valid value).
+# SIGMA: one prior standard deviation (in log units; in the constant's own units for LINEAR ones).
+# t_split / t_relayout are linear: a prior of 0 is a kernel path the prior's kernels never take, which another
+# GPU's kernels may (a zero-shot prior borrowed from Hopper for an FA2 GPU).
+LINEAR: frozenset[str] = frozenset({"t_split", "t_relayout"})
+SIGMA_DEFAULT = 0.5
+SIGMA: dict[str, float] = {"eta_tc": 0.2, "eta_mem": 0.15, "eta_attn": 0.2, "eta_attn_mem": 0.15, "overlap": 0.3,
+                           "t_ramp": 0.7, "k_split": 0.7, "t_split": 4e-6, "t_relayout": 4e-6}
+BOUNDS_REL = (0.1, 10.0)  # theta within [prior * lo, prior * hi] unless in BOUNDS
+BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2, 1.1), "eta_attn": (0.1, 1.3),
+                                          "eta_attn_mem": (0.1, 1.1), "overlap": (1.1, 12.0),
+                                          "k_split": (128.0, 8192.0), "t_split": (0.0, 4e-5),
+                                          "t_relayout": (0.0, 4e-5)}
+# Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.
+DISCRETE: dict[str, tuple[float, ...]] = {"k_split": (256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072)}
+RESID_SCALE = 0.03  # log-latency residual that counts as "one unit" in the robust loss (soft-L1 knee)
+
+
+class CalibrationError(ValueError):
+    """Bad calibration input or file: one line for the user."""
+
+
+# ---- predicting rows with a candidate set of constants ------------------------------------------------------
+@dataclass
+class Row:
+    kind: str  # gemm | prefill | decode
+    cells: dict[str, str]  # shape columns (and device) as in the table
+    ms: float = float("nan")  # measured latency; nan for a plan row
+
+
+def _predictor(gpu: GpuSpec, c: ArchConstants) -> RowPredictor:
+    return RowPredictor(gpu.name, constants={gpu.kernel_family: c})
+
+
+def predict_rows(gpu: GpuSpec, c: ArchConstants, rows: Sequence[Row]) -> np.ndarray:
+    """Predicted ms of each row with constants ``c`` — the same code path as ``m2live ops``."""
+    rp = _predictor(gpu, c)
+    return np.array([rp.predict_row(ROW_KIND[r.kind], r.cells, i, "calibration") for i, r in enumerate(rows)])
+
+
+def active(names: Iterable[str], prior: ArchConstants) -> list[str]:
+    """Constants worth fitting: a log-fitted constant whose prior is 0 is a path this architecture's kernels never
+    take (e.g. FA2's relayout on Hopper), so it stays 0."""
+    return [n for n in dict.fromkeys(names) if n in LINEAR or getattr(prior, n) > 0]
+
+
+class Params:
+    """theta <-> x (log theta, or theta for LINEAR constants) with bounds and the ridge's prior."""
+
+    def __init__(self, names: list[str], prior: ArchConstants, strength: float = 1.0):
+        self.names = names
+        self.prior = prior
+        p = np.array([float(getattr(prior, n)) for n in names])
+        self.x0 = np.array([v if n in LINEAR else math.log(v) for n, v in zip(names, p, strict=True)])
+        self.sigma = np.array([SIGMA.get(n, SIGMA_DEFAULT) for n in names]) / math.sqrt(strength)
+        # numeric-derivative steps: 0.002 in log units, 1/250 of a prior deviation for LINEAR constants
+        self.step = np.array([SIGMA.get(n, SIGMA_DEFAULT) / 250 if n in LINEAR else 2e-3 for n in names])
+        lo, hi = [], []
+        for n, v in zip(names, p, strict=True):
+            a, b = BOUNDS.get(n, (v * BOUNDS_REL[0], v * BOUNDS_REL[1]))
+            a, b = min(a, v), max(b, v)  # the prior is always inside its bounds
+            if n in LINEAR:
+                lo.append(a)
+                hi.append(b)
+            else:
+                lo.append(math.log(max(a, 1e-30)))
+                hi.append(math.log(b))
+        self.lo, self.hi = np.array(lo), np.array(hi)
+
+    def clip(self, x: np.ndarray) -> np.ndarray:
+        return np.minimum(np.maximum(x, self.lo), self.hi)
+
+    def values(self, x: np.ndarray) -> dict[str, float]:
+        return {n: float(v if n in LINEAR else math.exp(v)) for n, v in zip(self.names, x, strict=True)}
+
+    def constants(self, x: np.ndarray, base: ArchConstants | None = None) -> ArchConstants:
+        return replace(base or self.prior, **self.values(x))
+

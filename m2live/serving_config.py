@@ -1,0 +1,114 @@
+"""One serving benchmark's configuration, vLLM's API-server defaults for a device, and its KV-cache capacity.
+
+``ServingConfig``: the engine's limits and the client's closed loop (``None``: vLLM's default for the device).
+``vllm_batch_defaults`` / ``cuda_graph_capture_max``: what vLLM's OpenAI server picks on a device
+(``engine/arg_utils.py:get_batch_defaults``, ``VllmConfig._set_cudagraph_sizes``). ``kv_capacity``: weights,
+activations and the KV cache on one GPU, by the planner's memory fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hardware import GpuSpec
+from .shapes import ModelShape
+
+GIB = 1024**3
+BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
+CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
+DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
+FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
+FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
+
+
+class SimulationError(ValueError):
+    """A serving configuration that cannot run (weights do not fit, bad counts)."""
+
+
+# ---- vLLM's defaults ----------------------------------------------------------------------------------------
+def vllm_batch_defaults(gpu: GpuSpec, tp: int = 1) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of vLLM's OpenAI server on this device
+    (``EngineArgs.get_batch_defaults``, usage context OPENAI_API_SERVER): >= 160 GiB of device memory
+    16384 / 1024; >= 70 GiB and not an A100 8192 / 1024; other GPUs 2048 / 256; the CPU backend
+    2048 x world size / 128 x world size."""
+    if gpu.arch == "cpu":
+        return 2048 * tp, 128 * tp
+    gib = gpu.mem_bytes / GIB
+    if gib >= 160:
+        return 16384, 1024
+    if gib >= 70 and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def cuda_graph_capture_max(gpu: GpuSpec, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Largest captured CUDA-graph batch (``VllmConfig._set_cudagraph_sizes``): min(2 x max_num_seqs, 512,
+    or 1024 on compute capability 10.x), never above the token budget; 0 on the CPU backend (no graphs)."""
+    if gpu.arch == "cpu":
+        return 0
+    ceiling = 1024 if gpu.compute_capability[0] == 10 else 512
+    return min(2 * max_num_seqs, ceiling, max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """One serving benchmark: the engine's limits and the client's closed loop."""
+
+    concurrency: int
+    num_prompts: int | None = None  # None: DEFAULT_PROMPTS_PER_CONCURRENCY x concurrency
+    max_num_batched_tokens: int | None = None  # None: vLLM's API-server default for the device
+    max_num_seqs: int | None = None  # None: vLLM's API-server default for the device
+    block_size: int | None = None  # None: 16 on GPUs, 128 on the CPU backend
+    long_prefill_token_threshold: int = 0  # vLLM default: no cap on one request's chunk
+    gpu_memory_utilization: float = 0.9  # vLLM default
+    reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, graphs (as the planner)
+    async_scheduling: bool | None = None  # None: on for GPUs, off for the CPU backend (vLLM's defaults)
+    clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
+    frontend_s: float = FRONTEND_S
+    frontend_service_s: float = FRONTEND_SERVICE_S
+    kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
+                     "kv_tokens"):
+            v = getattr(self, name)
+            if v is None and name != "concurrency":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SimulationError(f"{name} must be a positive integer, got {v!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise SimulationError("long_prefill_token_threshold must be >= 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise SimulationError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.clock not in ("forecast", "boost"):
+            raise SimulationError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
+        for name in ("frontend_s", "frontend_service_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise SimulationError(f"{name} must be >= 0, got {v!r}")
+
+
+# ---- memory -------------------------------------------------------------------------------------------------
+def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int, cfg: ServingConfig,
+                need_tokens: int, precision: str = "bf16") -> dict:
+    """Weights, activations and the KV cache on one GPU (the planner's memory fit, vLLM's
+    gpu_memory_utilization); raises when the weights alone do not fit."""
+    from .planner import PlanConfig, memory_fit
+    from .workload import WorkloadStats
+
+    pc = PlanConfig(max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
+                    reserve_fraction=1.0 - cfg.gpu_memory_utilization if cfg.gpu_memory_utilization < 1 else 0.0,
+                    reserve_bytes=cfg.reserve_bytes)
+    pct = {"p50": float(need_tokens), "p90": float(need_tokens), "p99": float(need_tokens)}
+    stats = WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, pct, pct, pct)
+    fit = memory_fit(gpu, shard, stats, pc, precision)
+    if fit.weight_bytes > fit.total_bytes - fit.reserve_bytes:
+        raise SimulationError(f"does not fit: {fit.reason}")
+    out = fit.to_dict()
+    out["fits"] = True
+    out["reason"] = ""
+    if fit.kv_tokens < need_tokens:
+        out["note"] = (f"the KV cache holds {fit.kv_tokens} tokens, less than one request at full length "
+                       f"({need_tokens}): requests wait or are preempted")
+    return out

@@ -1,0 +1,356 @@
+"""vLLM V1's scheduler over one closed-loop serving benchmark, step by step (``Engine``).
+
+The engine is vLLM V1's ``Scheduler.schedule()`` (vllm 0.32/0.33, ``v1/core/sched/scheduler.py``) with the
+API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/scheduler.py``):
+
+- chunked prefill on; ``long_prefill_token_threshold`` 0 (no cap); one token budget
+  ``max_num_batched_tokens`` per step, ``max_num_seqs`` requests running at most;
+- running requests first, in order (decodes and partial prefills alike, each takes
+  ``min(tokens it still needs, budget left)``), then waiting requests first-come-first-served (preempted ones
+  at the front), each admitted only if its *whole* prompt fits in the free KV blocks
+  (``scheduler_reserve_full_isl``) and chunked to the budget left; no admission in a step that preempted;
+- KV cache in blocks of 16 tokens, allocated as tokens are scheduled; when a running request cannot get its
+  blocks the most recently admitted running request is preempted (recompute: its blocks are freed and it
+  re-prefills prompt + generated tokens when re-admitted; its first token keeps its time);
+- decode CUDA graphs up to the capture size ``min(2 x max_num_seqs, 512)`` (1024 on Blackwell), never above
+  the token budget: steps with at most that many tokens replay graphs (the predictor's host terms);
+- async scheduling on GPUs (vLLM's default since 0.11: the host work of the next step overlaps the device's
+  work on this one, so a step lasts the longer of the two; and a busy engine schedules step j + 1 as step j
+  starts, so a request arriving during a step is seen one step later), off on the CPU backend.
+
+The client (``Engine._send``): ``concurrency`` requests sent at once, each finished request replaced by the next
+at once; a request needs ``frontend_s`` between client and engine each way and ``frontend_service_s`` of the
+API server's serial work, so a burst reaches the engine spread out. Runs of pure-decode steps between events (an
+arrival, a finish, a KV block shortage) are advanced in one go (``Engine._decode_run``): their times are the
+timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .serving_config import BLOCK_SIZE, SimulationError
+
+SEGMENT_SAMPLES = 9  # predictions along a run of pure-decode steps (interpolated in between)
+
+
+@dataclass
+class EngineStats:
+    """What the engine counts while it runs (the step summary of ``serving_metrics``)."""
+
+    steps: int = 0
+    prefill_steps: int = 0
+    preemptions: int = 0
+    tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    max_running: int = 0
+    waiting_steps: int = 0  # steps taken while a request waited for the engine
+    kv_blocked_steps: int = 0  # ... because its prompt did not fit in the free KV blocks
+    largest_decode_step: tuple = ()
+    largest_mixed_step: tuple = ()
+
+
+class Engine:
+    """vLLM V1's scheduler over one closed-loop benchmark (the module docstring gives the rules)."""
+
+    def __init__(self, timer: Callable[[tuple, int, int], float], prompts: np.ndarray, outputs: np.ndarray,
+                 concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
+                 block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
+                 frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False):
+        self.timer = timer
+        self.n = len(prompts)
+        self.prompt = np.asarray(prompts, dtype=np.int64)
+        self.out_len = np.asarray(outputs, dtype=np.int64)
+        self.C = concurrency
+        self.budget = max_num_batched_tokens
+        self.max_seqs = max_num_seqs
+        self.bs = block_size
+        self.total_blocks = kv_blocks
+        self.free = kv_blocks
+        self.thr = long_prefill_token_threshold
+        self.d = frontend_s
+        self.service = frontend_service_s
+        self._frontend_free = 0.0  # when the API server is done with the requests handed to it so far
+        self.async_scheduling = async_scheduling
+        self.last_start = 0.0  # start of the step running now (async: when the next step was scheduled)
+        self.fast_forward = fast_forward
+        n = self.n
+        self.computed = np.zeros(n, dtype=np.int64)
+        self.outputs = np.zeros(n, dtype=np.int64)
+        self.blocks = np.zeros(n, dtype=np.int64)
+        self.t_send = np.full(n, np.nan)
+        self.t_first = np.full(n, np.nan)
+        self.t_fin = np.full(n, np.nan)
+        self.running: list[int] = []  # admission order
+        self.waiting: deque[int] = deque()
+        self.arrivals: list[tuple[float, int]] = []  # (engine arrival time, request) heap
+        self.sent = 0
+        self.done = 0
+        self.t = 0.0
+        self.st = EngineStats()
+        self.trace: list[dict] | None = None  # per-step records when asked for (tests)
+        self._empty = 0  # consecutive steps that scheduled nothing
+
+    # client
+    def _send(self, t: float) -> None:
+        if self.sent < self.n:
+            i = self.sent
+            self.sent += 1
+            self.t_send[i] = t
+            # the API server handles requests one at a time: a burst reaches the engine spread out, and an idle
+            # engine starts a step with the first one alone
+            self._frontend_free = max(self._frontend_free, t + self.d) + self.service
+            heapq.heappush(self.arrivals, (self._frontend_free, i))
+
+    def _arrive(self) -> None:
+        """Requests the scheduler sees now. Under async scheduling a busy engine schedules step j + 1 as step j
+        starts (EngineCore.step_with_batch_queue), so it sees only what had arrived by then: a request needs
+        one step more to get in."""
+        seen = self.last_start if (self.async_scheduling and self.running) else self.t
+        while self.arrivals and self.arrivals[0][0] <= seen + 1e-12:
+            self.waiting.append(heapq.heappop(self.arrivals)[1])
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.bs)
+
+    def _finish(self, i: int, t: float) -> None:
+        self.t_fin[i] = t
+        self.free += int(self.blocks[i])
+        self.blocks[i] = 0
+        self.done += 1
+        self._send(t + self.d)
+
+    def _preempt(self, i: int) -> None:
+        self.free += int(self.blocks[i])
+        self.blocks[i] = 0
+        self.computed[i] = 0
+        self.waiting.appendleft(i)
+        self.st.preemptions += 1
+
+    # one step of Scheduler.schedule()
+    def schedule(self) -> tuple[np.ndarray, np.ndarray]:
+        """(requests, tokens) scheduled this step, in vLLM's order; updates KV blocks, running, waiting."""
+        budget = self.budget
+        eligible = len(self.running) + len(self.waiting)
+        thr = self.thr if eligible > 1 else 0
+        ids: list[int] = []
+        toks: list[int] = []
+        preempted = False
+        if self.running:
+            # running requests in order, each min(tokens it still needs, budget left): vectorised while every
+            # one of them gets its KV blocks; the request-by-request loop below only when some must be preempted
+            ra = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            comp = self.computed[ra]
+            need = self.prompt[ra] + self.outputs[ra] - comp
+            if thr > 0:
+                need = np.minimum(need, thr)
+            k = np.clip(budget - (np.cumsum(need) - need), 0, need)
+            want = np.where(k > 0, (comp + k + self.bs - 1) // self.bs - self.blocks[ra], 0)
+            total = int(want.sum())
+            if total <= self.free:
+                m = k > 0
+                self.free -= total
+                self.blocks[ra] += want
+                ids = ra[m].tolist()
+                toks = k[m].tolist()
+                budget -= int(k.sum())
+            else:
+                budget, preempted = self._schedule_running_with_preemption(ra, k, want, budget, ids, toks)
+        if not preempted:
+            while budget > 0 and self.waiting and len(self.running) < self.max_seqs:
+                i = self.waiting[0]
+                full = int(self.prompt[i] + self.outputs[i])  # prompt (+ tokens generated before a preemption)
+                k1 = min(full - int(self.computed[i]), budget)
+                if 0 < thr < k1:
+                    k1 = thr
+                if self._blocks_for(full) > self.free:  # scheduler_reserve_full_isl: the whole prompt must fit
+                    self.st.kv_blocked_steps += 1
+                    break
+                want1 = self._blocks_for(int(self.computed[i]) + k1)
+                self.waiting.popleft()
+                self.running.append(i)
+                self.free -= want1
+                self.blocks[i] = want1
+                ids.append(i)
+                toks.append(k1)
+                budget -= k1
+        if self.waiting:
+            self.st.waiting_steps += 1
+        return np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64)
+
+    def _schedule_running_with_preemption(self, ra: np.ndarray, k: np.ndarray, want: np.ndarray,
+                                          budget: int, ids: list[int], toks: list[int]) -> tuple[int, bool]:
+        """vLLM's running loop when the blocks run out: a request that cannot get its blocks preempts the most
+        recently admitted running request (itself last), until it fits. In closed form: the running requests
+        before the first ``i`` whose blocks do not fit even with every request after it preempted are
+        scheduled; ``i`` and everything after it are preempted (recompute), in order, to the front of the
+        queue."""
+        held = self.blocks[ra]
+        cum = np.cumsum(want)
+        tail = np.concatenate([np.cumsum(held[::-1])[::-1], [0]])  # blocks held by ra[p:], p = 0..n
+        fits = cum <= self.free + tail[1:]
+        p = len(ra) if fits.all() else int(np.argmin(fits))
+        keep, victims = ra[:p], ra[p:].tolist()
+        self.free -= int(want[:p].sum())  # the victims' blocks come back in _preempt
+        self.blocks[keep] += want[:p]
+        m = k[:p] > 0
+        ids.extend(keep[m].tolist())
+        toks.extend(k[:p][m].tolist())
+        del self.running[p:]
+        for i in reversed(victims):  # the newest first, as vLLM pops them; each goes to the queue's front
+            self._preempt(i)
+        return budget - int(k[:p].sum()), bool(victims)
+
+    def _shape(self, ids: np.ndarray, toks: np.ndarray) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        comp = self.computed[ids]
+        dec = (toks == 1) & (comp > 0) & (comp >= self.prompt[ids])
+        pre = tuple(zip(toks[~dec].tolist(), comp[~dec].tolist(), strict=True))
+        return pre, int(dec.sum()), int(comp[dec].sum())
+
+    def step(self) -> bool:
+        """One engine step (or a run of pure-decode steps); False when nothing is left to do."""
+        self._arrive()
+        if self.fast_forward and self._decode_run():
+            return True
+        ids, toks = self.schedule()
+        if not len(ids):
+            self._empty += 1
+            if self.arrivals and not self.running and not self.waiting:
+                self.t = max(self.t, self.arrivals[0][0])  # idle until the next request arrives
+                return True
+            if self.arrivals and self._empty > 2:
+                self.t = max(self.t, self.arrivals[0][0])
+                return True
+            # a step that only preempted: the queue is admitted on the next one
+            return self._empty <= 2
+        self._empty = 0
+        pre, n_dec, ctx = self._shape(ids, toks)
+        dt = self.timer(pre, n_dec, ctx)
+        self.last_start = self.t
+        self.t += dt
+        self._account(pre, n_dec, dt, 1)
+        self.computed[ids] += toks
+        sampled = ids[self.computed[ids] >= self.prompt[ids] + self.outputs[ids]]  # these sampled a token
+        self.outputs[sampled] += 1
+        first = sampled[self.outputs[sampled] == 1]
+        self.t_first[first] = self.t
+        for i in sampled[self.outputs[sampled] >= self.out_len[sampled]].tolist():
+            self.running.remove(i)
+            self._finish(i, self.t)
+        if self.trace is not None:
+            self.trace.append({"t": self.t, "sched": list(zip(ids.tolist(), toks.tolist(), strict=True)),
+                               "prefills": pre, "decodes": n_dec, "free_blocks": self.free,
+                               "running": list(self.running), "waiting": list(self.waiting)})
+        return True
+
+    def _account(self, pre: tuple, n_dec: int, dt: float, count: int) -> None:
+        st = self.st
+        st.steps += count
+        st.time_s += dt
+        ptok = sum(k for k, _ in pre)
+        st.tokens += count * n_dec + ptok
+        st.decode_tokens += count * n_dec
+        st.prefill_tokens += ptok
+        st.max_running = max(st.max_running, len(self.running))
+        if pre:
+            st.prefill_steps += 1
+            st.prefill_time_s += dt
+            if not st.largest_mixed_step or ptok + n_dec > sum(k for k, _ in st.largest_mixed_step[0]) + \
+                    st.largest_mixed_step[1]:
+                st.largest_mixed_step = (pre, n_dec)
+        elif not st.largest_decode_step or n_dec > st.largest_decode_step[0]:
+            st.largest_decode_step = (n_dec,)
+
+    def _decode_run(self) -> bool:
+        """Advance a run of >= 2 pure-decode steps at once, when nothing can change the batch before its end
+        (every running request decodes, no request can be admitted, no arrival, no finish, no block shortage
+        inside the run). Returns False (and does nothing) when the next step is not such a step."""
+        run = self.running
+        if not run or self.trace is not None:
+            return False
+        ra = np.fromiter(run, dtype=np.int64, count=len(run))
+        comp = self.computed[ra]
+        if np.any(comp < self.prompt[ra] + self.outputs[ra] - 1) or np.any(self.outputs[ra] == 0):
+            return False  # a prefill (or a resumed recompute) is in progress
+        B = len(run)
+        if B > self.budget:
+            return False
+        if self.waiting:
+            head = self.waiting[0]
+            full = int(self.prompt[head] + self.outputs[head])
+            if len(run) < self.max_seqs and self._blocks_for(full) <= self.free:
+                return False  # the head of the queue gets in next step
+        rem = self.out_len[ra] - self.outputs[ra]
+        k = int(rem.min())  # the step that samples the first request's last token ends the run
+        # block shortage: the first step j (1-based) whose allocation exceeds the cache
+        held = int(self.blocks[ra].sum())
+
+        def need(j: int) -> int:
+            return int(((comp + j + self.bs - 1) // self.bs).sum())
+
+        if need(k) - held > self.free:
+            lo, hi = 1, k  # need(lo) fits (checked below), need(hi) does not
+            if need(1) - held > self.free:
+                return False
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if need(mid) - held <= self.free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        if k < 2:
+            return False
+        s0 = int(comp.sum())
+        js = np.arange(k)
+        if k <= SEGMENT_SAMPLES:
+            dts = np.array([self.timer((), B, s0 + j * B) for j in range(k)])
+        else:
+            pts = np.unique(np.linspace(0, k - 1, SEGMENT_SAMPLES).round().astype(np.int64))
+            vals = np.array([self.timer((), B, s0 + int(j) * B) for j in pts])
+            dts = np.interp(js, pts, vals)
+        ends = self.t + np.cumsum(dts)
+        if not self.waiting and self.arrivals:
+            ta = self.arrivals[0][0]
+            hit = int(np.searchsorted(ends, ta - 1e-12))  # first step ending at or after the arrival
+            if self.async_scheduling and ta > self.t:
+                hit += 1  # async: arriving during a step, it is seen one step later (see _arrive)
+            if hit < k:
+                k = max(1, hit + 1)
+                if k < 2:
+                    return False
+                ends = ends[:k]
+                dts = dts[:k]
+        # apply the run
+        self._account((), B, float(dts.sum()), k)
+        self.last_start = float(ends[-2]) if k >= 2 else self.t
+        self.t = float(ends[-1])
+        self.computed[ra] += k
+        self.outputs[ra] += k
+        newb = (self.computed[ra] + self.bs - 1) // self.bs
+        self.free -= int(newb.sum()) - held
+        self.blocks[ra] = newb
+        fin = [int(i) for i in ra[self.out_len[ra] - self.outputs[ra] <= 0]]
+        for i in fin:
+            self.running.remove(i)
+            self._finish(i, self.t)
+        if self.waiting:
+            self.st.waiting_steps += k
+        return True
+
+    def run(self) -> None:
+        for _ in range(min(self.C, self.n)):
+            self._send(0.0)
+        while self.done < self.n:
+            if not self.step():
+                break
+        if self.done < self.n:  # pragma: no cover - a scheduler bug, not an input error
+            raise SimulationError(f"simulation stalled with {self.n - self.done} requests unfinished")

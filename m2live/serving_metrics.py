@@ -1,0 +1,116 @@
+"""What vLLM's serving benchmark reports for a simulated run: ``ServingResult`` and ``summarize``.
+
+The benchmark's metrics are means over all requests, cold start included:
+
+- TTFT = first token seen by the client - request sent;
+- TPOT = (latency - TTFT) / (output tokens - 1) per request;
+- output tokens/s = all output tokens / (last request done - first sent).
+
+Besides them: the steady-state throughput, a summary of the steps and what bounds the largest decode and mixed
+steps, and the assumptions the run was simulated under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .hardware import GpuSpec
+from .serving_config import ServingConfig
+from .serving_engine import Engine, EngineStats
+from .step_timer import StepTimer
+
+
+@dataclass
+class ServingResult:
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s: float
+    requests: int
+    duration_s: float
+    mean_e2el_ms: float
+    steady_output_tokens_per_s: float  # between the first wave's end and the last request sent
+    assumptions: dict
+    memory: dict
+    steps: dict
+    per_request: dict = field(default_factory=dict)  # arrays (ms) when asked for
+
+    def to_dict(self) -> dict:
+        return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
+                "output_tokens_per_s": self.output_tokens_per_s, "requests": self.requests,
+                "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
+                "steady_output_tokens_per_s": self.steady_output_tokens_per_s,
+                "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
+
+
+def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp: int, precision: str,
+              max_tokens: int, max_seqs: int, graphs: int, async_sched: bool, mem: dict, kv_tokens: int,
+              bs: int, keep: bool) -> ServingResult:
+    """The benchmark's report of a finished ``eng`` run (``keep``: with the per-request arrays)."""
+    d = cfg.frontend_s
+    ttft = eng.t_first + d - eng.t_send
+    e2el = eng.t_fin + d - eng.t_send
+    multi = eng.out_len > 1
+    tpot = np.where(multi, (eng.t_fin - eng.t_first) / np.maximum(1, eng.out_len - 1), np.nan)
+    duration = float(np.nanmax(eng.t_fin) + d)
+    # steady state: from the end of the first wave (the C-th finish) to the last request sent (the drain after
+    # it runs with fewer requests in flight); what a long-running server at this concurrency delivers
+    steady = float(eng.out_len.sum()) / duration
+    if eng.n > eng.C:
+        t_a = float(np.sort(eng.t_fin)[eng.C - 1])
+        t_b = float(np.nanmax(eng.t_send))
+        inside = (eng.t_fin > t_a) & (eng.t_fin <= t_b)
+        if t_b > t_a and inside.sum() >= max(2, eng.C // 2):
+            steady = float(eng.out_len[inside].sum()) / (t_b - t_a)
+    st = eng.st
+    steps = {
+        "steps": st.steps, "prefill_steps": st.prefill_steps, "decode_only_steps": st.steps - st.prefill_steps,
+        "mean_tokens_per_step": st.tokens / max(1, st.steps),
+        "mean_decodes_per_step": st.decode_tokens / max(1, st.steps),
+        "prefill_token_share": st.prefill_tokens / max(1, st.tokens),
+        "prefill_step_time_share": st.prefill_time_s / st.time_s if st.time_s > 0 else 0.0,
+        "mean_step_ms": 1e3 * st.time_s / max(1, st.steps),
+        "max_running": st.max_running, "preemptions": st.preemptions,
+        "steps_with_requests_waiting": st.waiting_steps, "kv_blocked_admissions": st.kv_blocked_steps,
+        "predictions": timer.predictions,
+    }
+    steps["bounds"] = bounds(timer, st)
+    res = ServingResult(
+        ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
+        output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
+        mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
+        assumptions={
+            "engine": "vLLM V1 Scheduler (0.32/0.33), OpenAI API server defaults",
+            "gpu": spec.name, "tp": tp, "precision": precision, "concurrency": cfg.concurrency,
+            "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,
+            "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
+            "block_size": bs, "kv_cache_tokens": kv_tokens,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
+            "async_scheduling": async_sched, "prefix_caching_hits": False, "preemption": "recompute",
+            "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,
+            "frontend_service_ms_per_request": 1e3 * cfg.frontend_service_s,
+        },
+        memory=mem, steps=steps)
+    if keep:
+        res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
+    return res
+
+
+def bounds(timer: StepTimer, st: EngineStats) -> dict:
+    """What bounds the largest pure-decode step and the largest mixed step (share of step time)."""
+    from .planner import bound_shares, dominant_bound
+
+    out = {}
+    if st.largest_decode_step:
+        n = st.largest_decode_step[0]
+        p = timer.pred.predict(timer.step((), n, n * 512), f_clk=1.0 if timer.clock == "boost" else None)
+        sh = bound_shares(p)
+        out["decode"] = {"decodes": n, "bound": dominant_bound(sh), "shares": sh}
+    if st.largest_mixed_step:
+        pre, n = st.largest_mixed_step
+        p = timer.pred.predict(timer.step(pre, n, n * 512), f_clk=1.0 if timer.clock == "boost" else None)
+        sh = bound_shares(p)
+        out["mixed"] = {"prefill_tokens": sum(k for k, _ in pre), "decodes": n, "bound": dominant_bound(sh),
+                        "shares": sh}
+    return out
