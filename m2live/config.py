@@ -2,7 +2,8 @@
 
 The file uses the field names below (``slo_ms = 40``, ``prom_port = 9500``, ...) or the environment names
 (``M2LIVE_SLO_MS``); environment variables win over the file. Every option, its variable and its default is
-listed in ``OPTIONS`` (the README table is generated from it: ``python -m m2live.config``).
+written once, as a field of ``M2liveConfig`` (its default, its variable and its doc); ``OPTIONS`` and the README
+table (``python -m m2live.config``) are generated from the fields.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import socket
 import tomllib
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from . import limits
 
@@ -27,88 +29,70 @@ class ConfigError(ValueError):
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
-# field -> (environment variable, type, default text for the README, one-line help)
-OPTIONS: dict[str, tuple[str, str, str, str]] = {
-    "enable": ("M2LIVE_ENABLE", "bool", "0", "turn the plugin on: the general plugin makes vLLM use the m2live "
-               "scheduler (same as `--scheduler-cls vllm_hooks.scheduler:auto`)"),
-    "gpu": ("M2LIVE_GPU", "str", "NVML name of GPU 0; `cpu` device without a GPU",
-            "device to predict for (NVML name or alias, e.g. `NVIDIA H100 80GB HBM3`, `h100-sxm`, `cpu`)"),
-    "gpu_index": ("M2LIVE_GPU_INDEX", "int", "first of `CUDA_VISIBLE_DEVICES`, else local data-parallel "
-                  "rank × TP", "NVML index of the GPU whose clock is sampled"),
-    "model": ("M2LIVE_MODEL", "str", "vLLM's own model config (hf_config)",
-              "model shape override: preset name or path to a HF config.json / model directory"),
-    "slo_ms": ("M2LIVE_SLO_MS", "float", "unset (admission off)", "step-latency SLO in ms; setting it turns "
-               "admission control on"),
-    "slo_margin": ("M2LIVE_SLO_MARGIN", "float", "0.1", "safety margin of the admission controller "
-                   "(fraction of the SLO kept free)"),
-    "admission": ("M2LIVE_ADMISSION", "bool", "1 when an SLO is set", "admission control on/off (needs an SLO)"),
-    "prom_enable": ("M2LIVE_PROM", "bool", "1", "serve Prometheus metrics"),
-    "prom_host": ("M2LIVE_PROM_HOST", "str", "127.0.0.1", "Prometheus exporter bind address"),
-    "prom_port": ("M2LIVE_PROM_PORT", "int", "9400", "Prometheus exporter port; data-parallel engine i uses "
-                  "port + i"),
-    "mqtt_url": ("M2LIVE_MQTT_URL", "str", "unset (MQTT off)", "MQTT broker, e.g. `mqtt://127.0.0.1:1883` "
-                 "(`mqtts://` for TLS)"),
-    "mqtt_instance": ("M2LIVE_MQTT_INSTANCE", "str", "<hostname>-<engine>", "instance name in the topics "
-                      "`m2live/<instance>/...`"),
-    "mqtt_username": ("M2LIVE_MQTT_USERNAME", "str", "unset", "MQTT user name"),
-    "mqtt_password": ("M2LIVE_MQTT_PASSWORD", "str", "unset", "MQTT password"),
-    "mqtt_tls_ca": ("M2LIVE_MQTT_TLS_CA", "str", "unset", "CA bundle for MQTT over TLS"),
-    "mqtt_tls_cert": ("M2LIVE_MQTT_TLS_CERT", "str", "unset", "client certificate for MQTT over TLS"),
-    "mqtt_tls_key": ("M2LIVE_MQTT_TLS_KEY", "str", "unset", "client key for MQTT over TLS"),
-    "mqtt_control": ("M2LIVE_MQTT_CONTROL", "bool", "0", "accept SLO / admission changes on "
-                     "`m2live/<instance>/control` (off: the topic is not even subscribed; lock it with broker "
-                     "ACLs when on)"),
-    "mqtt_control_retained": ("M2LIVE_MQTT_CONTROL_RETAINED", "bool", "0", "also apply a *retained* control "
-                              "message found at connect (off: only messages published while connected count)"),
-    "trace": ("M2LIVE_TRACE", "str", "unset (no trace)", "JSONL file with one record per step "
-              "(data-parallel engine i > 0 writes `<stem>.dp<i><suffix>`)"),
-    "calibration": ("M2LIVE_CALIBRATION", "str", "unset (the architecture's constants)",
-                    "this GPU's calibration JSON (`m2live calibrate fit`): predictions, admission and exporters "
-                    "use its constants; refused, with a warning, for another GPU"),
-    "sample_ms": ("M2LIVE_SAMPLE_MS", "float", "20", "clock sampling period in ms (10-50 recommended)"),
-    "engine": ("M2LIVE_ENGINE", "str", "data-parallel rank (`0`)", "engine label on metrics and records"),
-    "residual_window": ("M2LIVE_RESIDUAL_WINDOW", "int", "256", "steps in the rolling residual statistics"),
-    "queue_size": ("M2LIVE_QUEUE_SIZE", "int", "4096",
-                   "bounded queues of the record thread and the trace writer (drops are counted)"),
-    "fault": ("M2LIVE_FAULT", "str", "unset", "test only: `predict` or `predict:N` makes the predictor raise "
-              "(every N-th step) to prove hook errors are contained"),
-    "device_scale": ("M2LIVE_DEVICE_SCALE", "float", "1", "test only: multiplies the device's FLOP/s and bandwidth "
-                     "(the CPU device's fixed costs by its inverse) — a deliberately wrong prior that the online "
-                     "correction must rescue (e.g. 0.01 or 100)"),
-}
+
+def option(default: object, env: str, doc: str, unset: str | None = None) -> Any:
+    """A plugin option: its default (written once, here), its ``M2LIVE_*`` variable, its one-line doc (the README
+    table's Meaning) and, for a default of None, what unset means (the README table's Default)."""
+    return field(default=default, metadata={"env": env, "doc": doc, "unset": unset})
 
 
 @dataclass
 class M2liveConfig:
-    enable: bool = False
-    gpu: str | None = None
-    gpu_index: int | None = None
-    model: str | None = None
-    slo_ms: float | None = None
-    slo_margin: float = 0.1
-    admission: bool | None = None  # None: on iff an SLO is set
-    prom_enable: bool = True
-    prom_host: str = "127.0.0.1"
-    prom_port: int = 9400
-    mqtt_url: str | None = None
-    mqtt_instance: str | None = None
-    mqtt_username: str | None = None
-    mqtt_password: str | None = None
-    mqtt_tls_ca: str | None = None
-    mqtt_tls_cert: str | None = None
-    mqtt_tls_key: str | None = None
-    mqtt_control: bool = False
-    mqtt_control_retained: bool = False
-    trace: str | None = None
-    calibration: str | None = None  # path of a calibration JSON (m2live calibrate fit)
-    sample_ms: float = 20.0
-    engine: str | None = None  # None: the data-parallel rank
-    residual_window: int = 256
-    queue_size: int = 4096
-    fault: str | None = None
-    device_scale: float = 1.0  # test only: scales the device prior (see OPTIONS)
-    source: list[str] = field(default_factory=list)  # where values came from (file path, "env")
-    warnings: list[str] = field(default_factory=list)  # e.g. unknown M2LIVE_* variables (closest known named)
+    """The plugin's options; each field's metadata names its variable and holds its doc (``OPTIONS``,
+    ``readme_table``). Values are checked by ``validate`` against the bounds in ``m2live.limits``."""
+
+    enable: bool = option(False, "M2LIVE_ENABLE", "turn the plugin on: the general plugin makes vLLM use the m2live "
+                          "scheduler (same as `--scheduler-cls vllm_hooks.scheduler:auto`)")
+    gpu: str | None = option(None, "M2LIVE_GPU", "device to predict for (NVML name or alias, e.g. `NVIDIA H100 80GB "
+                             "HBM3`, `h100-sxm`, `cpu`)", unset="NVML name of GPU 0; `cpu` device without a GPU")
+    gpu_index: int | None = option(None, "M2LIVE_GPU_INDEX", "NVML index of the GPU whose clock is sampled",
+                                   unset="first of `CUDA_VISIBLE_DEVICES`, else local data-parallel rank × TP")
+    model: str | None = option(None, "M2LIVE_MODEL", "model shape override: preset name or path to a HF config.json "
+                               "/ model directory", unset="vLLM's own model config (hf_config)")
+    slo_ms: float | None = option(None, "M2LIVE_SLO_MS", "step-latency SLO in ms; setting it turns admission "
+                                  "control on", unset="unset (admission off)")
+    slo_margin: float = option(0.1, "M2LIVE_SLO_MARGIN", "safety margin of the admission controller (fraction of "
+                               "the SLO kept free)")
+    admission: bool | None = option(None, "M2LIVE_ADMISSION", "admission control on/off (needs an SLO)",
+                                    unset="1 when an SLO is set")
+    prom_enable: bool = option(True, "M2LIVE_PROM", "serve Prometheus metrics")
+    prom_host: str = option("127.0.0.1", "M2LIVE_PROM_HOST", "Prometheus exporter bind address")
+    prom_port: int = option(9400, "M2LIVE_PROM_PORT", "Prometheus exporter port; data-parallel engine i uses "
+                            "port + i")
+    mqtt_url: str | None = option(None, "M2LIVE_MQTT_URL", "MQTT broker, e.g. `mqtt://127.0.0.1:1883` (`mqtts://` "
+                                  "for TLS)", unset="unset (MQTT off)")
+    mqtt_instance: str | None = option(None, "M2LIVE_MQTT_INSTANCE", "instance name in the topics "
+                                       "`m2live/<instance>/...`", unset="<hostname>-<engine>")
+    mqtt_username: str | None = option(None, "M2LIVE_MQTT_USERNAME", "MQTT user name")
+    mqtt_password: str | None = option(None, "M2LIVE_MQTT_PASSWORD", "MQTT password")
+    mqtt_tls_ca: str | None = option(None, "M2LIVE_MQTT_TLS_CA", "CA bundle for MQTT over TLS")
+    mqtt_tls_cert: str | None = option(None, "M2LIVE_MQTT_TLS_CERT", "client certificate for MQTT over TLS")
+    mqtt_tls_key: str | None = option(None, "M2LIVE_MQTT_TLS_KEY", "client key for MQTT over TLS")
+    mqtt_control: bool = option(False, "M2LIVE_MQTT_CONTROL", "accept SLO / admission changes on "
+                                "`m2live/<instance>/control` (off: the topic is not even subscribed; lock it with "
+                                "broker ACLs when on)")
+    mqtt_control_retained: bool = option(False, "M2LIVE_MQTT_CONTROL_RETAINED", "also apply a *retained* control "
+                                         "message found at connect (off: only messages published while connected "
+                                         "count)")
+    trace: str | None = option(None, "M2LIVE_TRACE", "JSONL file with one record per step (data-parallel engine "
+                               "i > 0 writes `<stem>.dp<i><suffix>`)", unset="unset (no trace)")
+    calibration: str | None = option(None, "M2LIVE_CALIBRATION", "this GPU's calibration JSON (`m2live calibrate "
+                                     "fit`): predictions, admission and exporters use its constants; refused, with "
+                                     "a warning, for another GPU", unset="unset (the architecture's constants)")
+    sample_ms: float = option(20.0, "M2LIVE_SAMPLE_MS", "clock sampling period in ms (10-50 recommended)")
+    engine: str | None = option(None, "M2LIVE_ENGINE", "engine label on metrics and records",
+                                unset="data-parallel rank (`0`)")
+    residual_window: int = option(256, "M2LIVE_RESIDUAL_WINDOW", "steps in the rolling residual statistics")
+    queue_size: int = option(4096, "M2LIVE_QUEUE_SIZE", "bounded queues of the record thread and the trace writer "
+                             "(drops are counted)")
+    fault: str | None = option(None, "M2LIVE_FAULT", "test only: `predict` or `predict:N` makes the predictor raise "
+                               "(every N-th step) to prove hook errors are contained")
+    device_scale: float = option(1.0, "M2LIVE_DEVICE_SCALE", "test only: multiplies the device's FLOP/s and "
+                                 "bandwidth (the CPU device's fixed costs by its inverse) — a deliberately wrong "
+                                 "prior that the online correction must rescue (e.g. 0.01 or 100)")
+    # not options: where the values came from (file path, "env"), and e.g. unknown M2LIVE_* variables
+    source: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     # --- derived ----------------------------------------------------------------------------------
     @property
@@ -161,7 +145,7 @@ class M2liveConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, object], sources: list[str] | None = None) -> M2liveConfig:
         kw: dict[str, object] = {}
-        names = {f.name for f in fields(cls)} - {"source", "warnings"}
+        names = set(OPTIONS)
         by_env = {v[0]: k for k, v in OPTIONS.items()}
         for key, value in raw.items():
             name = by_env.get(key, key)
@@ -189,7 +173,7 @@ class M2liveConfig:
         if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):
             raise ConfigError(f"M2LIVE_MQTT_URL must look like mqtt://HOST:PORT, got {mask_url(self.mqtt_url)!r}")
         if self.calibration:
-            from .calibrate import CalibrationError, load
+            from .calibration_file import CalibrationError, load
 
             try:
                 load(self.calibration)
@@ -214,6 +198,29 @@ class M2liveConfig:
             out[name] = v
         return out
 
+
+def _default_text(f: Field) -> str:
+    """The README's Default cell: what unset means for a None default, else the default as a variable holds it."""
+    if f.default is None:
+        return f.metadata["unset"] or "unset"
+    if isinstance(f.default, bool):
+        return "1" if f.default else "0"
+    return f"{f.default:g}" if isinstance(f.default, float) else str(f.default)
+
+
+def _kind(f: Field) -> str:
+    """bool | int | float | str: how a value of this option is parsed (from the field's annotation)."""
+    kind = str(f.type).removesuffix(" | None")
+    if kind not in ("bool", "int", "float", "str"):
+        raise TypeError(f"M2liveConfig.{f.name}: option of unsupported type {f.type!r}")
+    return kind
+
+
+# field -> (environment variable, type, default text for the README, one-line help): from the fields above
+OPTIONS: dict[str, tuple[str, str, str, str]] = {
+    f.name: (f.metadata["env"], _kind(f), _default_text(f), f.metadata["doc"])
+    for f in fields(M2liveConfig) if "env" in f.metadata
+}
 
 SECRET_OPTIONS = ("mqtt_password",)
 
