@@ -200,9 +200,14 @@ def measured(table: Table) -> list[float] | None:
             for i, r in enumerate(table.rows, start=2)]
 
 
-def mape(pred: Iterable[float], meas: Iterable[float]) -> float:
-    errs = [abs(p - m) / m for p, m in zip(pred, meas, strict=True)]
-    return 100.0 * sum(errs) / len(errs) if errs else float("nan")
+def mape(pred: Iterable[float] | Iterable[tuple[float, float]], meas: Iterable[float] | None = None
+         ) -> float | None:
+    """Mean absolute percentage error, in %, of predictions against measurements: ``mape(pred, meas)`` (two
+    sequences of equal length) or ``mape(pairs)`` ((predicted, measured) pairs). A pair whose measurement is not
+    positive, or with a non-finite value (a cell that failed), is left out; None when no pair is left."""
+    pairs = zip(pred, meas, strict=True) if meas is not None else pred
+    errs = [abs(p - m) / m for p, m in pairs if m > 0 and math.isfinite(p) and math.isfinite(m)]
+    return 100.0 * sum(errs) / len(errs) if errs else None
 
 
 def in_core_region(kind: str, row: dict[str, str]) -> bool:

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, soft_wrap=True)
     if args.calibrate:
-        from ..probe_calibrate import run_calibrate
+        from ..probe.calibrate import run_calibrate
 
         run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print)
         return 0

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import calibrate as cal
-from .hardware import get_gpu
-from .probe import DRY_GPU, ProbeError, _Device, _load_torch
+from .. import calibrate as cal
+from ..hardware import GpuSpec, get_gpu
+from .device import ProbeError, _Device, load_torch
+from .plan import DRY_GPU
 
 CAL_FILE = "calibration.json"
 GEMM_CALLS, WARMUP, REPLAYS = 5, 3, 6  # opbench's timing: 5 calls per graph, 3 warm-up, mean of 6 replays
@@ -35,9 +36,11 @@ BLOCK = 64  # vLLM KV-cache block size of the opbench attention rows
 MEM_SHARE = 0.6  # skip a shape whose buffers need more than this share of free device memory
 DRY_CAP = 32  # dry run: every dimension shrunk to at most this
 
+Say = Callable[[str], None]
+
 
 class _Timer:
-    """opbench's timing of one op on the probe's device (``probe._Device``: CUDA-graph capture, event timing)."""
+    """opbench's timing of one op on the probe's device (``_Device``: CUDA-graph capture, event timing)."""
 
     def __init__(self, torch: Any, cuda: bool):
         self.torch, self.cuda = torch, cuda
@@ -138,60 +141,49 @@ def _measure_attention(torch: Any, timer: _Timer, dev: Any, kind: str, row: dict
     return timer.per_call(call, 1)
 
 
-def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: str | None = None,
-                  say: Callable[[str], None] = print, time_limit_s: float = 110.0) -> dict:
-    """Measure the plan, write the tables and the calibration into ``out``; returns a summary."""
-    torch = _load_torch(dry_run)
-    cuda = not dry_run
+def _open(dry_run: bool, gpu: str | None) -> tuple[Any, GpuSpec, Any]:
+    """(torch, the catalog GPU calibrated, the torch device measured on)."""
+    torch = load_torch(dry_run)
     if dry_run:
-        spec = get_gpu(gpu or DRY_GPU)
-        dev = torch.device("cpu")
-    else:
-        name = gpu or torch.cuda.get_device_name()
+        return torch, get_gpu(gpu or DRY_GPU), torch.device("cpu")
+    name = gpu or torch.cuda.get_device_name()
+    try:
+        spec = get_gpu(name)
+    except KeyError as e:
+        raise ProbeError(f"{e}; pass --gpu with the catalog name to calibrate") from None
+    return torch, spec, torch.device("cuda", torch.cuda.current_device())
+
+
+class _Kind:
+    """Measures one kind's planned rows (those the time left allows) on one device."""
+
+    def __init__(self, torch: Any, timer: _Timer, dev: Any, fa: Callable | None, dry_run: bool, say: Say):
+        self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
+
+    def one(self, kind: str, r: dict[str, str]) -> float | None:
+        """Seconds per call of one planned row; None when it was not measured (too big, refused)."""
         try:
-            spec = get_gpu(name)
-        except KeyError as e:
-            raise ProbeError(f"{e}; pass --gpu with the catalog name to calibrate") from None
-        dev = torch.device("cuda", torch.cuda.current_device())
-    out_dir = Path(out) if out else Path("results") / "calibration" / spec.name.replace(" ", "_")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    timer = _Timer(torch, cuda)
-    fa, attn_what = _attention(torch, dry_run)
-    say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
-        f"attention: {attn_what}")
-    t0 = time.monotonic()
-    summary: dict = {"gpu": spec.name, "dry_run": dry_run, "attention": attn_what, "measured": {}, "skipped": {},
-                     "out_dir": str(out_dir)}
-    torch.manual_seed(0)
-    for kind in cal.KINDS:
-        if kind != "gemm" and fa is None and not dry_run:
-            say(f"{kind}: skipped ({attn_what})")
-            continue
-        rows = cal.plan(spec.name, kind)
-        got: list[tuple[dict[str, str], float]] = []
-        skipped = 0
+            t = (_measure_gemm(self.torch, self.timer, self.dev, r, self.dry_run) if kind == "gemm"
+                 else _measure_attention(self.torch, self.timer, self.dev, kind, r, self.fa, self.dry_run))
+        except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
+            self.say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({e.__class__.__name__})")
+            return None
+        return t if t is not None and t > 0 and math.isfinite(t) else None
+
+    def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[tuple[dict[str, str], float]]:
+        """(row, seconds) of every row measured before ``deadline`` (time.monotonic())."""
+        got = []
         for r in rows:
-            if time.monotonic() - t0 > time_limit_s:
-                skipped += 1
-                continue
-            try:
-                t = (_measure_gemm(torch, timer, dev, r, dry_run) if kind == "gemm"
-                     else _measure_attention(torch, timer, dev, kind, r, fa, dry_run))
-            except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
-                say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({e.__class__.__name__})")
-                t = None
-            if t is None or not (t > 0 and math.isfinite(t)):
-                skipped += 1
-                continue
-            got.append((r, t))
-        if cuda:
-            torch.cuda.empty_cache()
-        summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
-        say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else ""))
-        if got:
-            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got,
-                         "torch.nn.functional.linear" if kind == "gemm" else attn_what, _vllm_version(fa))
-    summary["measure_s"] = round(time.monotonic() - t0, 1)
+            t = self.one(kind, r) if time.monotonic() <= deadline else None
+            if t is not None:
+                got.append((r, t))
+        if self.timer.cuda:
+            self.torch.cuda.empty_cache()
+        return got
+
+
+def _fit(out_dir: Path, spec: GpuSpec, summary: dict, say: Say) -> None:
+    """Fit the calibration on the tables written, save it beside them, say how much it helped."""
     c = cal.fit(out_dir, spec.name)
     c.save(out_dir / CAL_FILE)
     summary["calibration"] = str(out_dir / CAL_FILE)
@@ -199,6 +191,37 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     say(f"wrote {out_dir / CAL_FILE} after {summary['measure_s']:.0f} s of measurement: " + "; ".join(
         f"{k} MAPE {v['mape_prior']:.1f}% -> {v['mape_fitted']:.1f}% on its {c.rows[k]} rows"
         for k, v in c.residual.items()))
+
+
+def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: str | None = None,
+                  say: Say = print, time_limit_s: float = 110.0) -> dict:
+    """Measure the plan, write the tables and the calibration into ``out``; returns a summary."""
+    torch, spec, dev = _open(dry_run, gpu)
+    out_dir = Path(out) if out else Path("results") / "calibration" / spec.name.replace(" ", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timer = _Timer(torch, not dry_run)
+    fa, attn_what = _attention(torch, dry_run)
+    say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
+        f"attention: {attn_what}")
+    t0 = time.monotonic()
+    summary: dict = {"gpu": spec.name, "dry_run": dry_run, "attention": attn_what, "measured": {}, "skipped": {},
+                     "out_dir": str(out_dir)}
+    torch.manual_seed(0)
+    measure = _Kind(torch, timer, dev, fa, dry_run, say)
+    for kind in cal.KINDS:
+        if kind != "gemm" and fa is None and not dry_run:
+            say(f"{kind}: skipped ({attn_what})")
+            continue
+        rows = cal.plan(spec.name, kind)
+        got = measure.all(kind, rows, t0 + time_limit_s)
+        skipped = len(rows) - len(got)
+        summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
+        say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else ""))
+        if got:
+            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got,
+                         "torch.nn.functional.linear" if kind == "gemm" else attn_what, _vllm_version(fa))
+    summary["measure_s"] = round(time.monotonic() - t0, 1)
+    _fit(out_dir, spec, summary, say)
     return summary
 
 
