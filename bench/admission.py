@@ -164,9 +164,19 @@ def mosquitto(workdir: Path) -> Iterator[int]:
 
 
 def publish(port: int, topic: str, payload: dict) -> None:
-    exe = shutil.which("mosquitto_pub") or "/usr/bin/mosquitto_pub"
-    subprocess.run([exe, "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", "1", "-m", json.dumps(payload)],
-                   check=True, timeout=10)
+    """One QoS-1 message to the local broker, through aiomqtt (a dependency: no mosquitto-clients needed)."""
+    import asyncio
+
+    import aiomqtt
+
+    async def send() -> None:
+        async with aiomqtt.Client("127.0.0.1", port=port, timeout=10) as client:
+            await client.publish(topic, json.dumps(payload), qos=1)
+
+    try:
+        asyncio.run(asyncio.wait_for(send(), 15))
+    except (aiomqtt.MqttError, OSError, TimeoutError) as e:
+        raise BenchError(f"could not publish to mqtt://127.0.0.1:{port}/{topic}: {e}") from None
 
 
 @dataclass
