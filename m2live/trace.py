@@ -182,6 +182,28 @@ def _problem(rec: object) -> str | None:
     return None
 
 
+class JsonLineError:
+    """A line of a JSON-lines file that is not JSON (torn by a crash, garbled): its reason."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def json_lines(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed value or ``JsonLineError``) for every non-blank line of a JSON-lines file; the one
+    reader of traces (``load_trace`` checks step records, ``workload.from_trace`` the shape fields). OSError
+    when the file cannot be read."""
+    out: list[tuple[int, object]] = []
+    for i, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            out.append((i, json.loads(raw.decode("utf-8"))))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            out.append((i, JsonLineError(getattr(e, "msg", type(e).__name__))))
+    return out
+
+
 def load_trace(path: str | Path) -> TraceContents:
     """The usable records of a trace and the torn or garbled lines skipped; a missing file, or one without a
     single usable record, is a ``TraceError`` (naming the first problem)."""
@@ -189,16 +211,12 @@ def load_trace(path: str | Path) -> TraceContents:
     if not p.is_file():
         raise TraceError(f"no trace file at {path}")
     try:
-        data = p.read_bytes()
+        lines = json_lines(p)
     except OSError as e:
         raise TraceError(f"{path}: not readable ({e.strerror or e.__class__.__name__})") from None
     out = TraceContents([])
-    for i, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
+    for i, rec in lines:
+        if isinstance(rec, JsonLineError):
             out.skipped.append((i, "not a JSON line"))
             continue
         why = _problem(rec)

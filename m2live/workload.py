@@ -23,7 +23,6 @@ measurements: pass an explicit spec or a trace for your own traffic.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .limits import RATE_RPS
+from .trace import JsonLineError, json_lines
 
 MAX_LEN = 1_048_576
 STATS_SAMPLES = 8192  # requests drawn to summarise a distribution (fixed seed: deterministic)
@@ -298,17 +298,13 @@ def read_trace_counted(path: str | os.PathLike) -> tuple[list[TraceStep], list[s
     steps: list[TraceStep] = []
     skipped: list[str] = []
     try:
-        data = p.read_bytes()
+        lines = json_lines(p)
     except OSError as e:
         raise WorkloadError(f"trace {p}: not readable ({e.strerror or type(e).__name__})") from None
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
+    for lineno, rec in lines:
         where = f"{p}:{lineno}"
-        try:
-            rec = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            skipped.append(f"{where}: not a JSON record ({getattr(e, 'msg', type(e).__name__)})")
+        if isinstance(rec, JsonLineError):
+            skipped.append(f"{where}: not a JSON record ({rec.why})")
             continue
         try:
             if not isinstance(rec, dict):
