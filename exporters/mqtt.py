@@ -15,8 +15,9 @@ Topics (DESIGN.md ★), for an ``instance`` name:
   MQTT thread, and are logged at INFO; anything else is logged at WARNING and counted in ``control_rejected``.
   m2live has no authorisation of its own: who may publish on the control topic is the broker's ACL's decision.
 
-The client (aiomqtt) runs on its own thread with its own asyncio loop. ``submit`` only appends to a bounded
-deque (drop oldest, counted in ``dropped``) and never blocks or raises, whatever the broker does. When the
+The client (aiomqtt) runs on its own thread with its own asyncio loop. ``publish`` only appends to a bounded
+queue (``m2live.workqueue.DropOldestQueue``: drop oldest, counted in ``dropped``) and never blocks or raises,
+whatever the broker does. When the
 broker goes away the publisher reconnects with exponential backoff (``backoff_min`` doubling up to
 ``backoff_max``); records queued meanwhile are sent after the reconnect (the oldest are dropped if the queue
 fills up). A batch lost in a failed publish is counted as dropped too. The first failed attempt of each outage is
@@ -35,12 +36,12 @@ import re
 import threading
 import time
 import urllib.parse
-from collections import deque
 from collections.abc import Callable
 
 from m2live import limits
 from m2live.config import mask_url
 from m2live.record import StepRecord
+from m2live.workqueue import DropOldestQueue
 
 from . import ExporterError
 
@@ -143,6 +144,8 @@ def _parse_url(url: str) -> tuple[str, int, bool, str | None, str | None]:
 class MqttPublisher:
     """Sink publishing step records to MQTT from its own thread (see module docstring)."""
 
+    kind = "mqtt"
+
     def __init__(self, url: str, instance: str, *, on_control: Callable[[dict], None] | None = None,
                  queue_size: int = 1024, batch_max: int = 64, flush_s: float = 0.25,
                  username: str | None = None, password: str | None = None, tls_ca: str | None = None,
@@ -174,10 +177,9 @@ class MqttPublisher:
         self.queue_size, self.batch_max, self.flush_s = queue_size, batch_max, flush_s
         self.backoff_min, self.backoff_max, self.keepalive = backoff_min, backoff_max, keepalive
         # counters (read from other threads; plain ints are fine under the GIL)
-        self.submitted = 0  # records handed to submit()
-        self.dropped = 0  # records dropped: queue full (oldest first), lost in a failed publish, unsent at close
+        self.submitted = 0  # records handed to publish()
         self.published = 0  # records handed to the broker
-        self._inflight = 0  # records taken from the queue, being published
+        self._lost = 0  # records taken from the queue but lost in a failed publish, or left unsent at close
         self.batches = 0
         self.connects = 0
         self.connect_failures = 0
@@ -188,8 +190,8 @@ class MqttPublisher:
         self._outage_failures = 0  # failed attempts in the current outage
         self._outage_since = 0.0
         self._outage_warned = 0.0
-        self._q: deque[StepRecord] = deque()
-        self._qlock = threading.Lock()
+        self._q: DropOldestQueue[StepRecord] = DropOldestQueue(queue_size)  # in hand = being published
+        self._qlock = threading.Lock()  # the counters and the queue move together (stats() is consistent)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._wake_pending = False
@@ -210,19 +212,32 @@ class MqttPublisher:
             self._thread.start()
         return self
 
-    def submit(self, record: StepRecord) -> None:
+    def publish(self, record: StepRecord) -> None:
         """Queue one record; never blocks on the network, never raises."""
         with self._qlock:
             self.submitted += 1
-            if len(self._q) >= self.queue_size:
-                self._q.popleft()
-                self.dropped += 1
-            self._q.append(record)
+            self._q.put(record)
             full = len(self._q) >= self.batch_max and not self._wake_pending
             if full:
                 self._wake_pending = True
         if full:
             self._poke()
+
+    submit = publish  # the older name of the same thing
+
+    def flush(self) -> None:
+        """Send what is queued now instead of at the next ``flush_s`` tick (returns at once)."""
+        self._poke()
+
+    def sink_counters(self) -> dict[str, float]:
+        """What the monitor adds to its counters: the records dropped here and the control messages refused."""
+        return {"mqtt_dropped_total": float(self.dropped), "control_rejected_total": float(self.control_rejected)}
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped: queue full (oldest first), lost in a failed publish, published after or unsent at
+        close."""
+        return self._q.dropped + self._lost
 
     @property
     def connected(self) -> bool:
@@ -231,13 +246,13 @@ class MqttPublisher:
     @property
     def queued(self) -> int:
         """Records not yet handed to the broker (queued or being published)."""
-        return len(self._q) + self._inflight
+        return len(self._q) + self._q.taken
 
     def stats(self) -> dict[str, int]:
         """A consistent snapshot: submitted == published + dropped + queued."""
         with self._qlock:
             return {"submitted": self.submitted, "published": self.published, "dropped": self.dropped,
-                    "queued": len(self._q) + self._inflight, "connects": self.connects,
+                    "queued": self.queued, "connects": self.connects,
                     "connect_failures": self.connect_failures, "control_accepted": self.control_accepted,
                     "control_rejected": self.control_rejected}
 
@@ -249,8 +264,10 @@ class MqttPublisher:
             self._thread.join(timeout)
             self._thread = None
         with self._qlock:
-            self.dropped += len(self._q)  # never sent
-            self._q.clear()
+            self._q.close()  # records published from now on are dropped (counted)
+            unsent = self._q.take(0.0)
+            self._lost += len(unsent)
+            self._q.done(len(unsent))
 
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake
@@ -353,9 +370,7 @@ class MqttPublisher:
 
     def _take(self) -> list[StepRecord]:
         with self._qlock:
-            n = min(len(self._q), self.batch_max)
-            batch = [self._q.popleft() for _ in range(n)]
-            self._inflight = n
+            batch = self._q.take(0.0, most=self.batch_max)
             self._wake_pending = False
         return batch
 
@@ -369,12 +384,12 @@ class MqttPublisher:
                     await client.publish(self.topics["steps"], payload, qos=self.qos)
                 except BaseException:
                     with self._qlock:
-                        self.dropped += len(batch)
-                        self._inflight = 0
+                        self._lost += len(batch)
+                        self._q.done(len(batch))
                     raise
                 with self._qlock:
                     self.published += len(batch)
-                    self._inflight = 0
+                    self._q.done(len(batch))
                 self.batches += 1
                 continue
             if self._stopping:

@@ -1,8 +1,8 @@
 """Prometheus exporter: every step's prediction, measurement, residual, per-operator times, per-factor
 efficiencies, clock, power and admission state, as ``m2live_*`` metrics (names: DESIGN.md ★).
 
-How it stays off the engine's hot path: ``submit`` only appends the record to a bounded deque (drop oldest,
-counted). A side thread folds queued records into the metric state every 100 ms, and a scrape folds whatever
+How it stays off the engine's hot path: ``publish`` only appends the record to a bounded queue
+(``m2live.workqueue.DropOldestQueue``: drop oldest, counted in ``exporter_dropped_total``). A side thread folds queued records into the metric state every 100 ms, and a scrape folds whatever
 is left before it answers, so a scrape always sees every submitted step. The metric families are produced by
 one custom collector (``collect()``), which also calls the ``counters`` callable at scrape time for the
 cumulative counters the exporter does not see itself (hook errors, MQTT drops, SLO violations).
@@ -21,7 +21,6 @@ import logging
 import math
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 
 from m2live.record import StepRecord
+from m2live.workqueue import DropOldestQueue
 
 from . import ExporterError
 
@@ -132,6 +132,8 @@ class _EngineState:
 class PrometheusExporter:
     """Sink that serves ``m2live_*`` metrics over HTTP (``port=None``: registry only, for tests)."""
 
+    kind = "prometheus"
+
     def __init__(self, host: str = "127.0.0.1", port: int | None = 9400, *, engine: str = "0", gpu: str = "",
                  model: str = "", registry: CollectorRegistry | None = None,
                  counters: Callable[[], dict[str, float]] | None = None, queue_size: int = 65536):
@@ -141,10 +143,8 @@ class PrometheusExporter:
         self.labels: Key = (str(engine), gpu, model)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.counters = counters
-        self.dropped = 0  # records dropped because the queue was full
         self.errors = 0  # records (or counters() calls) that could not be processed
-        self._q: deque[StepRecord] = deque()
-        self._qmax = queue_size
+        self._q: DropOldestQueue[StepRecord] = DropOldestQueue(queue_size)
         self._lock = threading.Lock()
         self._state: dict[Key, _EngineState] = {}
         self._last_key: Key | None = None
@@ -193,16 +193,16 @@ class PrometheusExporter:
         return None if self.port is None else f"http://{self.host}:{self.port}/metrics"
 
     # ---- the sink -------------------------------------------------------------------------------------------
-    def submit(self, record: StepRecord) -> None:
+    @property
+    def dropped(self) -> int:
+        """Records dropped because the queue was full."""
+        return self._q.dropped
+
+    def publish(self, record: StepRecord) -> None:
         """Queue one record (O(1), never blocks, never raises; drops the oldest record when full)."""
-        q = self._q
-        if len(q) >= self._qmax:
-            try:
-                q.popleft()
-                self.dropped += 1
-            except IndexError:
-                pass
-        q.append(record)
+        self._q.put(record)
+
+    submit = publish  # the older name of the same thing
 
     def set_clock_source(self, name: str) -> None:
         """Which clock source feeds f_clk (``clock_source_info{source}``), e.g. after a fallback."""
@@ -218,18 +218,17 @@ class PrometheusExporter:
     def flush(self) -> None:
         """Fold every queued record into the metric state (the side thread and each scrape do this)."""
         with self._lock:
-            q = self._q
-            while q:
-                try:
-                    r = q.popleft()
-                except IndexError:
-                    break
-                try:
-                    self._fold(r)
-                except Exception as e:  # a malformed record must not kill the exporter
-                    self.errors += 1
-                    if self.errors <= 3:
-                        log.warning("m2live: Prometheus exporter skipped a record: %s", e)
+            records = self._q.take(0.0)
+            try:
+                for r in records:
+                    try:
+                        self._fold(r)
+                    except Exception as e:  # a malformed record must not kill the exporter
+                        self.errors += 1
+                        if self.errors <= 3:
+                            log.warning("m2live: Prometheus exporter skipped a record: %s", e)
+            finally:
+                self._q.done(len(records))
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):

@@ -1,4 +1,5 @@
-"""A bounded hand-off between a producer that must never wait (an engine step) and one consumer thread."""
+"""A bounded hand-off between a producer that must never wait (an engine step, a sink's ``publish``) and one
+consumer thread: the record thread, the trace writer, the Prometheus fold, the MQTT pump all use it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ class DropOldestQueue(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._q)
+
+    @property
+    def taken(self) -> int:
+        """Items handed to the consumer and not yet reported ``done``."""
+        return self._taken
 
     def put(self, item: T) -> None:
         with self._cv:
