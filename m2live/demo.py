@@ -136,13 +136,18 @@ def _caption(st: dict) -> str:
 
 
 class _Collector:
+    """A sink (``m2live.record.Sink``) keeping the records for the live table and the summary."""
+
     def __init__(self, keep: int = 18):
         self.rows: deque = deque(maxlen=keep)
         self.all: list = []
 
-    def submit(self, record) -> None:
+    def publish(self, record) -> None:
         self.rows.append(record)
         self.all.append(record)
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mon = mons[0]
     col = _Collector()
-    mon.add_sink(col)
+    mon.add_sink(col)  # beside the sinks the plugin built from the environment (vllm_hooks.sinks: the trace)
     rate = args.rate or (3.0 if not gpu else 40.0)
     n = max(4, int(rate * args.seconds))
     reqs = mixed_workload(n, rate, seed=0)

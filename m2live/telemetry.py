@@ -308,20 +308,54 @@ class ClockSampler:
         return self._thread is not None and self._thread.is_alive()
 
 
+@dataclass(frozen=True)
+class ClockChoice:
+    """What ``choose_clock_source`` found: the source (None: none of those allowed opened), one line saying
+    which and why, and why each source tried before it did not open (``{"nvml": "NVML init failed: ..."}``)."""
+
+    source: ClockSource | None
+    why: str
+    failed: dict[str, str]
+
+
+CLOCK_ORDER = ("nvml", "cpufreq", "fixed")
+
+
+def choose_clock_source(order: Sequence[str] = CLOCK_ORDER, gpu_index: int = 0) -> ClockChoice:
+    """The first of ``order`` that opens: ``nvml`` (GPU ``gpu_index``), ``cpufreq``, ``fixed`` (the nominal CPU
+    clock of /proc/cpuinfo). The one place that decides where a live clock comes from: the plugin asks for
+    ``("nvml",)`` on a GPU and ``("cpufreq",)`` on the CPU device (a fixed clock there would only hide the
+    forecast), ``open_best_source`` for all three."""
+    failed: dict[str, str] = {}
+    for kind in order:
+        try:
+            if kind == "nvml":
+                nv = NvmlClockSource(gpu_index)
+                return ClockChoice(nv, f"nvml: {nv.device_name} (GPU {gpu_index})", failed)
+            if kind == "cpufreq":
+                src: ClockSource = CpufreqClockSource()
+            elif kind == "fixed":
+                mhz = cpuinfo_mhz() or 1000.0
+                src = FixedClockSource(mhz, mhz)
+            else:
+                raise ValueError(f"unknown clock source {kind!r} (known: {', '.join(CLOCK_ORDER)})")
+        except TelemetryError as e:
+            failed[kind] = str(e)
+            continue
+        return ClockChoice(src, f"{kind}: " + "; ".join(_reasons(failed)) if failed else kind, failed)
+    return ClockChoice(None, "; ".join(_reasons(failed)), failed)
+
+
+def _reasons(failed: dict[str, str]) -> list[str]:
+    return [f"{kind} unavailable ({why})" for kind, why in failed.items()]
+
+
 def open_best_source(gpu_index: int = 0) -> tuple[ClockSource, str]:
-    """NVML → cpufreq → fixed. The second item says which one and why (one line)."""
-    reasons = []
-    try:
-        src = NvmlClockSource(gpu_index)
-        return src, f"nvml: {src.device_name} (GPU {gpu_index})"
-    except TelemetryError as e:
-        reasons.append(f"nvml unavailable ({e})")
-    try:
-        return CpufreqClockSource(), "cpufreq: " + "; ".join(reasons)
-    except TelemetryError as e:
-        reasons.append(f"cpufreq unavailable ({e})")
-    mhz = cpuinfo_mhz() or 1000.0
-    return FixedClockSource(mhz, mhz), "fixed: " + "; ".join(reasons)
+    """NVML → cpufreq → fixed (never fails). The second item says which one and why (one line)."""
+    c = choose_clock_source(CLOCK_ORDER, gpu_index)
+    if c.source is None:  # cannot happen: the fixed clock always opens
+        raise TelemetryError(c.why)
+    return c.source, c.why
 
 
 def cpuinfo_mhz() -> float | None:

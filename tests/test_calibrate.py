@@ -236,11 +236,12 @@ def test_calibration_on_predict_and_rank(cal_file):
 # ---- the plugin --------------------------------------------------------------------------------------------
 def _monitor(env: dict):
     from m2live.config import M2liveConfig
-    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.live import EngineInfo
     from m2live.shapes import get_model
+    from vllm_hooks.sinks import start_monitor
 
     cfg = M2liveConfig.from_env({"M2LIVE_PROM_PORT": str(free_port()), **env})
-    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"), step_of=lambda s, o: None)
+    return start_monitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"), step_of=lambda s, o: None)
 
 
 def test_plugin_predicts_with_its_gpus_calibration_and_says_which(cal_file, truth):

@@ -25,15 +25,16 @@ PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B"]
 
 def monitor(tmp_path: Path, start_exporters: bool = False, **env: str):
     """A LiveMonitor as the plugin builds it (config from an environment), on a replayed clock."""
-    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.live import EngineInfo
     from m2live.shapes import get_model
     from m2live.telemetry import ClockReading, ReplayClockSource
+    from vllm_hooks.sinks import start_monitor
 
     base = {"M2LIVE_PROM": "0", "M2LIVE_GPU": "NVIDIA H100 80GB HBM3", "M2LIVE_SAMPLE_MS": "5"}
     cfg = M2liveConfig.from_env({**base, **env})
     src = ReplayClockSource([ClockReading(0.0, 1500.0, 1980.0, 650.0, 700.0, 4, 70.0)])
-    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
-                       step_of=lambda sched, out: out.step, clock_source=src, start_exporters=start_exporters)
+    return start_monitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
+                         step_of=lambda sched, out: out.step, clock_source=src, start_exporters=start_exporters)
 
 
 class _Lines(logging.Handler):

@@ -267,12 +267,13 @@ def test_bad_port_is_rejected_at_construction():
 
 def _monitor(port: int, engine_index: int = 0):
     from m2live.config import M2liveConfig
-    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.live import EngineInfo
     from m2live.shapes import get_model
+    from vllm_hooks.sinks import start_monitor
 
     cfg = M2liveConfig.from_dict({"enable": True, "gpu": GPU, "prom_port": port})
     info = EngineInfo(model_shape=get_model(MODEL), model_name=MODEL, engine_index=engine_index, device="cpu")
-    return LiveMonitor(cfg, info, step_of=lambda scheduler, output: None)
+    return start_monitor(cfg, info, step_of=lambda scheduler, output: None)
 
 
 def test_port_in_use_leaves_the_engine_running_without_the_exporter(capfd):

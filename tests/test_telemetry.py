@@ -139,14 +139,15 @@ def _monitor(tmp_path, **env):
     from conftest import MODELS
 
     from m2live.config import M2liveConfig
-    from m2live.live import EngineInfo, LiveMonitor
+    from m2live.live import EngineInfo
     from m2live.shapes import get_model
+    from vllm_hooks.sinks import start_monitor
 
     cfg = M2liveConfig.from_env({"M2LIVE_PROM": "0", "M2LIVE_GPU": "NVIDIA H100 80GB HBM3",
                                  "M2LIVE_TRACE": str(tmp_path / "t.jsonl"), "M2LIVE_SAMPLE_MS": "5", **env})
     src = ReplayClockSource([ClockReading(0.0, 1500.0, 1980.0, 650.0, 700.0, 4, 70.0)])
-    return LiveMonitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
-                       step_of=lambda sched, out: out.step, clock_source=src, start_exporters=False)
+    return start_monitor(cfg, EngineInfo(get_model(MODELS / "bench-llama"), "bench"),
+                         step_of=lambda sched, out: out.step, clock_source=src, start_exporters=False)
 
 
 def test_monitor_predicts_with_live_clock_and_pairs_async_steps(tmp_path):

@@ -1,4 +1,5 @@
-"""vLLM objects → m2live objects: SchedulerOutput → Step, scheduler → QueueView, VllmConfig → EngineInfo.
+"""vLLM objects → m2live objects: SchedulerOutput → Step, scheduler → QueueView, VllmConfig → EngineInfo; and
+the one write back: an admission decision → the scheduler's per-step budget (``set_budget``).
 
 Written against vLLM 0.32.0's V1 scheduler (``vllm/v1/core/sched/scheduler.py``): after ``schedule()`` each
 scheduled request's ``num_computed_tokens`` already includes this step's tokens, so the context before the step
@@ -67,6 +68,12 @@ def queue_view(scheduler: Any):
     return QueueView(decode_contexts=decode_contexts, partial_prefills=partial_prefills,
                      waiting_prompts=waiting, max_num_batched_tokens=int(limits[0]),
                      max_num_seqs=int(limits[1]))
+
+
+def set_budget(scheduler: Any, budget: tuple[int, int]) -> None:
+    """Make ``scheduler``'s next ``schedule()`` use ``budget`` (tokens, running requests): vLLM 0.32 reads
+    ``max_num_scheduled_tokens`` and ``max_num_active_reqs`` afresh on every call."""
+    scheduler.max_num_scheduled_tokens, scheduler.max_num_active_reqs = int(budget[0]), int(budget[1])
 
 
 def engine_info(vllm_config: Any) -> EngineInfo:

