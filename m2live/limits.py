@@ -1,7 +1,7 @@
 """Bounds on every number a person or a remote peer can hand m2live, in one place.
 
 Each ``Bound`` says what the number is, its unit and its closed range; ``check`` tests a value that is already a
-number (a config field, a control message), ``parse`` reads user text through ``validate.positive_float``'s
+number (a config field, a control message), ``parse`` reads user text through ``positive_float``'s
 rule (finite, named in the one-line error) and then checks the range. The ranges are generous (they are there
 to stop nonsense, overflow and unbounded memory, not to second-guess a real deployment); where a number comes
 from somewhere, the comment says where.
@@ -11,6 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+def positive_float(raw: str, what: str, error: type[ValueError] = ValueError) -> float:
+    """A finite number > 0 from user text, else ``error`` with one line naming ``what``."""
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise error(f"{what} is not a number ({raw!r})") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise error(f"{what} must be a positive number, got {raw!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -53,8 +64,6 @@ class Bound:
             except ValueError:
                 pass  # '1e3', '512.0': through the float rule below
         if self.lo > 0:  # the CLI's rule for positive numbers, then the range
-            from .validate import positive_float
-
             return self.check(positive_float(s, what, error), what, error)
         try:
             v = float(s)

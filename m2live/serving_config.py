@@ -94,7 +94,7 @@ def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int,
                 need_tokens: int, precision: str = "bf16") -> dict:
     """Weights, activations and the KV cache on one GPU (the planner's memory fit, vLLM's
     gpu_memory_utilization); raises when the weights alone do not fit."""
-    from .planner import PlanConfig, memory_fit
+    from .planner.memory import PlanConfig, memory_fit
     from .workload import WorkloadStats
 
     pc = PlanConfig(max_num_seqs=max_seqs, max_batched_tokens=max_tokens,

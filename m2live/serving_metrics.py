@@ -99,7 +99,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
 
 def bounds(timer: StepTimer, st: EngineStats) -> dict:
     """What bounds the largest pure-decode step and the largest mixed step (share of step time)."""
-    from .planner import bound_shares, dominant_bound
+    from .planner.layout import bound_shares, dominant_bound
 
     out = {}
     if st.largest_decode_step:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .efficiency import ArchConstants
 from .hardware import get_gpu
+from .limits import positive_float  # noqa: F401  (re-exported: the CLI's number rule)
 from .predictor import OpModel
 
 if TYPE_CHECKING:
@@ -57,17 +58,6 @@ def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: in
     if v < minimum:
         raise TableError(f"{path}:{lineno}: column {col!r} must be >= {minimum}, got {raw!r}")
     return int(v)
-
-
-def positive_float(raw: str, what: str, error: type[ValueError] = ValueError) -> float:
-    """A finite number > 0 from user text, else ``error`` with one line naming ``what``."""
-    try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise error(f"{what} is not a number ({raw!r})") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise error(f"{what} must be a positive number, got {raw!r}")
-    return v
 
 
 def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:

@@ -11,6 +11,7 @@ from conftest import OPBENCH, VIDUR
 
 from m2live import Predictor, Step, all_gpus, get_gpu, get_model
 from m2live.cli import main
+from m2live.commands.rank_args import parse_prices, parse_tp_list
 from m2live.planner import (
     BOUND_CLASSES,
     DecisionPoint,
@@ -19,8 +20,6 @@ from m2live.planner import (
     PlanError,
     evaluate_layout,
     memory_fit,
-    parse_prices,
-    parse_tp_list,
     rank,
     score_points,
     spearman,

@@ -53,24 +53,12 @@ from .ranking import (
 )
 from .vidur import VIDUR_OPS, load_vidur_points, validate_vidur, vidur_folders
 
-_CLI_PARSERS = ("parse_prices", "parse_tp_list")  # moved to m2live.commands.rank_args; still importable here
-
-
-def __getattr__(name: str) -> object:
-    # lazily, so that the planner does not import the command layer (which imports the planner)
-    if name in _CLI_PARSERS:
-        from ..commands import rank_args
-
-        return getattr(rank_args, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "BOUND_CLASSES", "GIB", "HIT_TOLERANCE", "SLO_SWEEP_MS", "TRACE_REPLAY_MAX", "VALIDATION_MS", "VIDUR_OPS",
     "DecisionPoint", "GemmTable", "GemmWorkload", "LayoutModel", "LayoutResult", "MemoryFit", "PlanConfig",
     "PlanError", "Ranking", "activation_bytes", "bound_shares", "dominant_bound", "evaluate_layout",
     "gemm_predictor", "load_gemm_tables", "load_vidur_points", "memory_fit", "opbench_layout_points",
-    "parse_prices", "parse_tp_list", "projection_workloads", "rank", "representative_steps", "roofline_predictor",
+    "projection_workloads", "rank", "representative_steps", "roofline_predictor",
     "score_points", "serving_point", "spearman", "trace_replay", "validate_opbench", "validate_vidur",
     "vidur_folders",
 ]
