@@ -70,6 +70,7 @@ def load(folder: str, max_rows: int, seed: int = 0, root: Path = OPBENCH,
 
 
 CLOCK = {"mode": "power"}
+ONLY: set[str] = set()  # --only: the constants the simplex may move (empty: the whole group)
 
 
 def _clock(om: OpModel):
@@ -119,7 +120,8 @@ def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], 
 def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], data: dict[str, list],
              maxiter: int, dtype: str = "bf16") -> ArchConstants:
     # a zero is a path this arch never takes; grid constants are chosen on their grid
-    names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and n not in GRID.get(group, {}))
+    names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and n not in GRID.get(group, {})
+                  and (not ONLY or n in ONLY))
     x0 = np.array([math.log(getattr(base, n)) for n in names])
 
     def consts(x: np.ndarray) -> ArchConstants:
@@ -144,7 +146,10 @@ def main() -> int:
                     help="clock of the GEMM and prefill rows: power (the burst model), boost, or forecast (sustained)")
     ap.add_argument("--groups", default="gemm,attention")
     ap.add_argument("--max-rows", type=int, default=2500, help="rows per kind used in the fit (random sample)")
+    ap.add_argument("--only", default="", help="comma-separated constants the simplex may move (a model change "
+                    "that touches one kind only refits that kind's constants and leaves the others as they are)")
     args = ap.parse_args()
+    ONLY.update(n for n in args.only.split(",") if n)
     t0 = time.time()
     CLOCK["mode"] = args.clock
     fitted: dict[str, ArchConstants] = {}

@@ -56,6 +56,9 @@ class ArchConstants:
     attn_row_pad: int = 0  # prefill query rows are padded to this block (0: the kernel packs heads, no padding)
     attn_block_m: int = 128  # query rows per prefill attention CTA
     cta_slots: int = 4  # decode CTAs resident per SM
+    # order in which prefill query tiles reach the SMs: "grid" (a plain grid, each sequence's tiles shortest
+    # first: a long tile can be dispatched last) or "lpt" (a persistent scheduler hands out the longest first)
+    attn_tile_order: str = "grid"
     # bytes per SM per SM clock the kernels stream out of L2 when a benchmark loop re-reads an operand that fits:
     # 19.0 fitted on the B300 GEMM table (126.5 MB of L2 holds six copies of weights up to 21 MB; it fits
     # 7.4 on the H100 and ~0 gain on the A100, where L2 re-reads are not faster than DRAM: the min() keeps them
@@ -93,8 +96,9 @@ class ArchConstants:
 # - t_kernel 2.6 / 2.8 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
 #   overlap p 2.3 / 3.0 / 2.2: how hard the roofline max is near the ridge.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
-#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.76 (FA3) / 0.77 (TRT-LLM) with a per-CTA
-#   prologue/epilogue of 190 / 535 / 585 keys per query row; decode KV streams at 0.73 / 0.88 / 0.89 of DRAM peak;
+#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.63 (FA2) / 0.78 (FA3) / 0.76 (TRT-LLM) with a per-CTA
+#   prologue/epilogue of 199 / 553 / 555 keys per query row (these three and block_cost refitted alone —
+#   `--only eta_attn,k0_attn,block_cost` — with the causal tile makespan, OpModel._tile_makespan_fill); decode KV streams at 0.73 / 0.88 / 0.89 of DRAM peak;
 #   ~4 / 4 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 7.8 / 2.3 / 0.7 us; FA2's
 #   grouped-query relayout 7 us (A100 only); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA
 #   per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100.
@@ -102,8 +106,8 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=1, i_crit=34.39, k0=325.8, t_kernel=2.614e-06, eta_mem=0.7788, overlap=2.322,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.6098, k0_attn=192.9, eta_attn_mem=0.7334,
-        item_cost=4.272e-06, block_cost=4.148e-07, cta_bw=2.161e+10, t_split=7.776e-06, t_relayout=7.157e-06,
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.6295, k0_attn=199.1, eta_attn_mem=0.7334,
+        item_cost=4.272e-06, block_cost=4.093e-07, cta_bw=2.161e+10, t_split=7.776e-06, t_relayout=7.157e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
@@ -111,15 +115,15 @@ ARCH: dict[str, ArchConstants] = {
     "hopper": ArchConstants(
         eta_tc=0.8755, i_crit=16.28, k0=236.9, t_kernel=2.767e-06, eta_mem=0.9171, overlap=3.038,
         t_ramp=0.0, k_split=2048,
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.7609, k0_attn=535, eta_attn_mem=0.88,
-        item_cost=3.712e-06, block_cost=2.828e-06, cta_bw=3.581e+13, t_split=2.284e-06,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.7848, k0_attn=553.2, eta_attn_mem=0.88,
+        item_cost=3.712e-06, block_cost=2.793e-06, cta_bw=3.581e+13, t_split=2.284e-06,
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
     "blackwell": ArchConstants(
         eta_tc=0.7688, i_crit=4.452, k0=1.858, t_kernel=2.221e-06, eta_mem=0.8832, overlap=2.226,
         t_ramp=6.237e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.7666, k0_attn=584.8, eta_attn_mem=0.8873,
-        item_cost=1.593e-06, block_cost=2.716e-06, cta_bw=6.08e+10, t_split=6.66e-07,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.7556, k0_attn=554.8, eta_attn_mem=0.8873,
+        item_cost=1.593e-06, block_cost=3.157e-06, cta_bw=6.08e+10, t_split=6.66e-07,
         # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
         # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300
         # prefill 13.8 % with no padding, 12.0 % with 128)

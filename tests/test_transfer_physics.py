@@ -123,3 +123,25 @@ def test_opbench_bursts_stay_near_boost_on_a100_but_droop_on_l40s():
         t0 = om.gemm(m, n, k).t
         out[gpu] = om.burst_clock(2.0 * m * n * k, t0)
     assert out[L40S] < out["NVIDIA A100-SXM4-80GB"]
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", H100, B300, L40S])
+def test_prefill_grid_fill_bounds_and_causal_tail(gpu):
+    """Causal query tiles are unequal: the grid's fill stays in (0, 1], a longer prompt is never faster, a grid
+    smaller than the SMs waits on its longest tile, and a longest-first scheduler is never slower than grid order."""
+    from dataclasses import replace
+
+    om = OpModel(get_gpu(gpu))
+    prev = 0.0
+    for isl in (16, 128, 256, 1024, 2048, 4096, 8192):
+        t = om.prefill_attention([(isl, 0)], 32, 8, 128)
+        assert 0.0 < t.factors["eta_wave"] <= 1.0
+        assert t.t >= prev
+        prev = t.t
+    # one head, 2048 tokens: 16 tiles on >= 108 SMs, so the kernel lasts as long as its last (longest) tile
+    one = om.prefill_attention([(2048, 0)], 1, 1, 128)
+    assert one.factors["eta_wave"] < 16 / om.gpu.sms  # below the equal-tile fill
+    lpt = OpModel(get_gpu(gpu), constants=replace(om.c, attn_tile_order="lpt"))
+    for b, isl, h in ((1, 4096, 32), (4, 1024, 8), (64, 512, 32)):
+        assert lpt.prefill_attention([(isl, 0)] * b, h, 8 if h >= 8 else h, 128).t <= \
+            om.prefill_attention([(isl, 0)] * b, h, 8 if h >= 8 else h, 128).t + 1e-12
