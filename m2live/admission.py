@@ -299,8 +299,10 @@ class AdmissionController:
                 x = lo.budget + tol
             elif misses >= 2 or g_hi <= g_lo:
                 x = (lo.budget + hi.budget) // 2
-            else:  # a miss doubles the low bias of the next guess (the curve bends above its chord)
-                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget)) - (tol // 2 << misses)
+            else:  # a miss doubles the low bias of the next guess (the curve bends above its chord); the bias is
+                # a tolerance at the guess's own scale (lo may still be the decodes-only floor, tens of tokens,
+                # while the answer sits just below a tile-wave step hundreds of tokens up)
+                x = lo.budget + int(-g_lo / (g_hi - g_lo) * (hi.budget - lo.budget)) - (tol_at(hi.budget) // 2 << misses)
             x = min(max(x, lo.budget + 1), hi.budget - 1)
             mid = self._plan(view, x, limit_seqs)
             t_mid = cost(mid)
