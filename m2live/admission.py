@@ -35,8 +35,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from .efficiency import ENERGY_PER_FLOP
-from .predictor import Prediction, Predictor
+from .predictor import Prediction, Predictor, clock_as_ratio, has_power_model
 from .step import Step
 
 
@@ -151,7 +150,7 @@ class AdmissionController:
         self._flag_streak = 0  # consecutive decisions in which no step could meet the SLO
         self._fallback_budget: int | None = None  # the ramp towards vLLM's limit while falling back
         self.last: Decision | None = None
-        self._forecasts_clock = ENERGY_PER_FLOP.get(predictor.gpu.arch, 0.0) > 0.0
+        self._forecasts_clock = has_power_model(predictor.gpu.arch)
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
         self._warm: int | None = None  # last binding budget (warm start of the next search)
         self._clock_ratio_last: float | None = None
@@ -318,13 +317,7 @@ class AdmissionController:
 
     # ---- helpers --------------------------------------------------------------------------------------
     def _clock_ratio(self, f_clk: float | None) -> float | None:
-        if f_clk is None:
-            return None
-        if not f_clk > 0:
-            raise ValueError(f"f_clk must be positive, got {f_clk}")
-        if f_clk > 5.0:  # MHz, as NVML reports it
-            return f_clk / self.predictor.gpu.boost_mhz
-        return float(f_clk)
+        return None if f_clk is None else clock_as_ratio(f_clk, self.predictor.gpu.boost_mhz)
 
     def _step_clock(self, step: Step, f_live: float | None) -> float:
         """min(live clock, power-cap forecast for ``step``); devices without a power model keep the live one."""

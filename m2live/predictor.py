@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from .efficiency import ArchConstants
+from .efficiency import ENERGY_PER_FLOP, ArchConstants
 from .hardware import GpuSpec
 from .operators import OpModel, OpTime, branch
 from .shapes import ModelShape, get_model
@@ -23,6 +23,22 @@ from .step import Step
 
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
 OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "light", "allreduce", "lm_head", "launch", "host", "sampling")
+
+
+def has_power_model(arch: str) -> bool:
+    """Whether the clock forecast has a power model for this architecture (one without forecasts boost)."""
+    return ENERGY_PER_FLOP.get(arch, 0.0) > 0.0
+
+
+MHZ_ABOVE = 5.0  # an f_clk above this is a clock in MHz (as NVML reports it), at or below it a ratio to boost
+
+
+def clock_as_ratio(f_clk: float, boost_mhz: float) -> float:
+    """``f_clk`` as a ratio to boost: a clock in MHz (> ``MHZ_ABOVE``) divided by the boost clock, a ratio as
+    it is. ValueError when it is not positive."""
+    if not f_clk > 0:
+        raise ValueError(f"f_clk must be positive, got {f_clk}")
+    return f_clk / boost_mhz if f_clk > MHZ_ABOVE else float(f_clk)
 
 
 @dataclass(frozen=True)
@@ -131,11 +147,8 @@ class Predictor:
             return clock_mhz / boost, "live"
         if f_clk is None:
             return None, "forecast"
-        if f_clk <= 0:
-            raise ValueError(f"f_clk must be positive, got {f_clk}")
-        if f_clk > 5.0:  # a clock in MHz, as NVML reports it
-            return f_clk / boost, "live"
-        return f_clk, "boost" if f_clk == 1.0 else "live"
+        ratio = clock_as_ratio(f_clk, boost)
+        return ratio, "boost" if f_clk == 1.0 else "live"
 
     def forecast_f_clk(self, step: Step) -> float:
         """f_clk the power cap allows for this step's op mix (board power vs clock and op activity)."""

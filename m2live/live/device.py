@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import M2liveConfig
-from ..efficiency import ENERGY_PER_FLOP, ArchConstants
+from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
-from ..predictor import Predictor
+from ..predictor import Predictor, has_power_model
 from ..shapes import ModelShape, get_model
 from ..telemetry import ClockSampler, ClockSource, choose_clock_source
 
@@ -52,7 +52,7 @@ class Device:
     @property
     def has_power_model(self) -> bool:
         """Whether the clock forecast has a power model here (a device without one forecasts boost)."""
-        return ENERGY_PER_FLOP.get(self.spec.arch, 0.0) > 0.0
+        return has_power_model(self.spec.arch)
 
 
 def model_shape(cfg: M2liveConfig, info: EngineInfo) -> ModelShape:
