@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,15 @@ def _prompts(n: int, seed: int, lo: int = 150, hi: int = 600) -> list[list[int]]
 
 
 @pytest.mark.engine
+def _slowness(trace: Path, t0: float, t1: float) -> float:
+    """How slow the machine ran in [t0, t1]: the median measured / raw predicted step time of the trace's steps
+    (the raw prediction does not depend on the machine's load, so the ratio does only on that)."""
+    recs = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    r = sorted(x["measured_s"] / x["predicted_s"] for x in recs
+               if x.get("measured_s") and x["predicted_s"] > 0 and t0 <= x["time"] <= t1)
+    return r[len(r) // 2] if r else 1.0
+
+
 def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "trace.jsonl"
@@ -79,12 +89,16 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
         slo1, slo2 = 5.0 * decode_ms, 2.5 * decode_ms
         n0 = len(calls)
         # phase 1: SLO slo1; phase 2: tighter SLO set live (as the MQTT control does); phase 3: admission off
+        t_phase = [time.time()]
         mon.set_slo_ms(slo1)
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(10, 1)], params, use_tqdm=False)
         n1 = len(calls)
+        t_phase.append(time.time())
         mon.set_slo_ms(slo2)
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(8, 2)], params, use_tqdm=False)
         n2 = len(calls)
+        t_phase.append(time.time())
+        mon.flush()
         mon.set_slo_ms(None)
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts(3, 3)], params, use_tqdm=False)
     finally:
@@ -135,7 +149,11 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
     # (on a loaded machine the correction may not converge in a phase: its decisions then all fell back to vLLM's
     # budget, justified above, and there is no SLO-driven budget to compare)
     assert b1 or b2
-    if len(b1) >= 3 and len(b2) >= 3:
+    # (and a machine that got faster between the phases — a CPU-heavy neighbour that stopped — may rightly take
+    # bigger chunks within a tighter SLO: the comparison holds when its speed, measured / raw predicted on each
+    # phase's own steps, stayed within 15 %)
+    if len(b1) >= 3 and len(b2) >= 3 and (
+            _slowness(trace, t_phase[1], t_phase[2]) >= 0.85 * _slowness(trace, t_phase[0], t_phase[1])):
         assert b2[len(b2) // 2] <= b1[len(b1) // 2]
     # admission off: the configured limits again
     for c in calls[n2:]:
