@@ -148,6 +148,8 @@ def main() -> int:
     ap.add_argument("--max-rows", type=int, default=2500, help="rows per kind used in the fit (random sample)")
     ap.add_argument("--only", default="", help="comma-separated constants the simplex may move (a model change "
                     "that touches one kind only refits that kind's constants and leaves the others as they are)")
+    ap.add_argument("--gpus", default=",".join(GPUS), help="comma-separated opbench folders to refit (the others "
+                    "keep efficiency.py's constants; all are scored)")
     args = ap.parse_args()
     ONLY.update(n for n in args.only.split(",") if n)
     t0 = time.time()
@@ -156,6 +158,9 @@ def main() -> int:
     data = {f: load(f, args.max_rows) for f in GPUS}
     for folder, (gpu, arch) in GPUS.items():
         c = ARCH[arch]
+        if folder not in args.gpus.split(","):
+            fitted[arch] = c
+            continue
         for group in args.groups.split(","):
             c = fit_group(gpu, c, group, data[folder], args.maxiter)
             print(f"{folder} {group}: " + ", ".join(f"{n}={getattr(c, n):.4g}" for n in GROUPS[group]),

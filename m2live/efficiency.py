@@ -53,6 +53,10 @@ class ArchConstants:
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
+    # FA2's split-KV combine kernel (flash_fwd_splitkv_combine_kernel) reads the splits' fp32 partial outputs back,
+    # combine_rows query rows per CTA (kBlockM = 4 at head_dim 128): few rows -> few CTAs, each streaming at most
+    # cta_bw. 0: the combine is priced by t_split alone
+    combine_rows: int = 0
     attn_row_pad: int = 0  # prefill query rows are padded to this block (0: the kernel packs heads, no padding)
     attn_block_m: int = 128  # query rows per prefill attention CTA
     cta_slots: int = 4  # decode CTAs resident per SM
@@ -107,8 +111,9 @@ ARCH: dict[str, ArchConstants] = {
         eta_tc=1, i_crit=34.39, k0=325.8, t_kernel=2.614e-06, eta_mem=0.7788, overlap=2.322,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
         t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.6295, k0_attn=199.1, eta_attn_mem=0.7334,
-        item_cost=4.272e-06, block_cost=4.093e-07, cta_bw=2.161e+10, t_split=7.776e-06, t_relayout=7.157e-06,
+        item_cost=4.363e-06, block_cost=4.093e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
+        combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),

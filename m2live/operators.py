@@ -200,7 +200,7 @@ class OpModel:
 
         ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
         split]); when the items cannot fill the SMs, the KV is split (flash-decoding, ``decode_splits``) and a
-        combine kernel merges the parts (t_split) — except where the kernel splits only grouped-query heads
+        combine kernel merges the parts (t_split; on FA2 also the fp32 partial outputs it writes and reads back) — except where the kernel splits only grouped-query heads
         (FlashAttention-2: plain multi-head decode runs one CTA per sequence x head over its whole cache). The
         body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
         most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
@@ -219,16 +219,41 @@ class OpModel:
             split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
         ctas = items * split
         t_items = items * c.item_cost / sms
+        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
+        extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
+        if split > 1 and c.combine_rows:
+            # each split CTA loads q and writes its fp32 partial output; the combine kernel reads them back in CTAs
+            # of combine_rows query rows (few rows: few CTAs, each streaming at most cta_bw) and writes the output
+            partial = 4.0 * split * n_seqs * heads * head_dim
+            extra = partial + self.attn_elt * head_dim * heads * n_seqs * (split - 1)
+            comb = partial + self.attn_elt * head_dim * heads * n_seqs
+            comb_ctas = -(-n_seqs * heads // c.combine_rows)
+            t_after += max(comb / (self.bw * c.eta_attn_mem), comb / (min(comb_ctas, sms * c.cta_slots) * c.cta_bw))
         t_dram = nbytes / (self.bw * c.eta_attn_mem)
-        if l2_warm and self.l2_resident(0.0, nbytes):  # the collector re-reads one KV cache: from L2 if it fits
+        # the collector re-reads one KV cache: from L2 if it fits — not under a priced split, whose partial outputs
+        # (written by the split CTAs, read back by the combine) pass through the same L2 (A100 decode 8.5 % this
+        # way, 9.2 % with the KV kept L2-resident, FA2 split rule)
+        if l2_warm and not extra and self.l2_resident(0.0, nbytes):
             t_dram = min(t_dram, self.l2_time(nbytes))
+        nbytes += extra
+        t_dram += extra / (self.bw * c.eta_attn_mem)
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         tc = flops / (self.attn_peak * f_clk * c.eta_attn)
-        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
-        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
+        out = self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
+        if c.combine_rows and grouped and split == 1 and n_seqs > 1:
+            # the kernel stops splitting once the items fill 80 % of the SMs (decode_splits): the largest batch
+            # that still split (and paid its partial outputs and combine) bounds this one from below, so the time
+            # does not fall as the batch grows across that threshold
+            n_thr = math.ceil(0.8 * sms / kv_heads) - 1
+            if 1 <= n_thr < n_seqs:
+                low = self.decode_attention(int(total_ctx * n_thr / n_seqs), n_thr, heads, kv_heads, head_dim,
+                                            f_clk, l2_warm)
+                if low.t > out.t:
+                    out = OpTime(low.t, out.bound, out.t_compute, out.t_memory, out.factors)
+        return out
 
     def _tile_makespan_fill(self, n: int, work: float, u_max: float) -> float:
         """Share of SM time a prefill grid keeps busy: ``n`` query-tile CTAs of ``work`` units in all, the
