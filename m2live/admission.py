@@ -32,7 +32,7 @@ prediction stays under ``slo_s * (1 - margin)``:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .predictor import Prediction, Predictor, clock_as_ratio, has_power_model
@@ -78,6 +78,7 @@ class Decision:
     prefill_tokens: int = 0  # prefill tokens the budget leaves after the decodes
     admitted: int = 0  # waiting requests this budget admits (at least one token each)
     fallback: bool = False  # vLLM's own budget (ramped): the correction is not trusted, or nothing met the SLO
+    trusted: bool | None = None  # whether the correction had converged when this was decided (None: admission off)
 
 
 class _PlannedStep(Step):
@@ -191,8 +192,10 @@ class AdmissionController:
         trusted = bool(getattr(self.residuals, "converged", True)) if self.residuals is not None else True
         if trusted and self._flag_streak < self.fallback_after:
             self._fallback_budget = None
+            self.last = d = replace(d, trusted=True)
             return d
-        return self._fallback(view, d)
+        self.last = fb = replace(self._fallback(view, d), trusted=trusted)
+        return fb
 
     def _fallback(self, view: QueueView, d: Decision) -> Decision:
         """vLLM's own budget, reached in bounded steps: double the last budget each decision, up to the limit."""
