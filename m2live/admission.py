@@ -32,7 +32,7 @@ prediction stays under ``slo_s * (1 - margin)``:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from .predictor import Prediction, Predictor, clock_as_ratio, has_power_model
@@ -192,9 +192,10 @@ class AdmissionController:
         trusted = bool(getattr(self.residuals, "converged", True)) if self.residuals is not None else True
         if trusted and self._flag_streak < self.fallback_after:
             self._fallback_budget = None
-            self.last = d = replace(d, trusted=True)
+            d.trusted = True
             return d
-        self.last = fb = replace(self._fallback(view, d), trusted=trusted)
+        fb = self._fallback(view, d)
+        fb.trusted = trusted
         return fb
 
     def _fallback(self, view: QueueView, d: Decision) -> Decision:

@@ -204,11 +204,6 @@ class ResidualTracker:
         self._lock = threading.Lock()  # guards the window between update() and readers on other threads
 
     # --- estimates --------------------------------------------------------------------------------
-    @property
-    def _host(self) -> np.ndarray | None:
-        """The additive host terms in use (None while the scales-only model corrects)."""
-        return self._host_terms if self._use_host else None
-
     def _model_ms(self, x: tuple[float, ...] | np.ndarray, host: bool) -> float | None:
         """One candidate model's estimate (ms): scales only, or scales with host terms."""
         s, h = (self._scales_h, self._host_terms) if host else (self._scales, None)
@@ -221,7 +216,7 @@ class ResidualTracker:
 
     def _structural_ms(self, x: tuple[float, ...] | np.ndarray) -> float | None:
         """The model in use, without the recent level."""
-        return self._model_ms(x, self._use_host and self._host_terms is not None)
+        return self._model_ms(x, self._use_host)  # (``_choose`` sets it only while there are host terms)
 
     def _estimate_ms(self, x: tuple[float, ...]) -> float | None:
         est = self._structural_ms(x)
@@ -256,10 +251,11 @@ class ResidualTracker:
 
     def correct(self, prediction: Prediction, step: Step) -> float:
         """Corrected expected step time in seconds (the raw prediction stays in ``prediction.total_s``)."""
-        est = self._estimate_ms(features(prediction, step))
-        if est is not None:
-            return 1e-3 * est
-        return prediction.total_s * self._ratio_median
+        return self._correct_s(features(prediction, step), prediction.total_s)
+
+    def _correct_s(self, x: tuple[float, ...], raw_s: float) -> float:
+        est = self._estimate_ms(x)
+        return 1e-3 * est if est is not None else raw_s * self._ratio_median
 
     def upper(self, prediction: Prediction, step: Step, q: float = 0.95) -> float:
         """Corrected upper q-quantile: the correction times (1 + q-quantile of its recent relative error)."""
@@ -297,11 +293,13 @@ class ResidualTracker:
         return e is not None and e <= self.converged_error
 
     # --- learning ---------------------------------------------------------------------------------
-    def update(self, step: Step, prediction: Prediction, measured_s: float) -> None:
-        if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
-            return
+    def update(self, step: Step, prediction: Prediction, measured_s: float) -> float:
+        """Learn from one measured step. Returns the correction made *before* learning from it (seconds, what
+        ``correct`` gave for this step): the out-of-sample figure a record reports."""
         x = features(prediction, step)
-        est = self.correct(prediction, step)  # scored before learning from this step
+        est = self._correct_s(x, prediction.total_s)  # scored before learning from this step
+        if not (measured_s > 0 and math.isfinite(measured_s)) or not (prediction.total_s > 0):
+            return est
         m_ms = 1e3 * measured_s
         e_s, e_h = (self._model_ms(x, host) for host in (False, True))
         row = (*x, m_ms, 1e3 * prediction.total_s, (measured_s - prediction.total_s) / measured_s,
@@ -319,6 +317,7 @@ class ResidualTracker:
         self._choose()
         self._update_level()
         self._converged = self._judge()
+        return est
 
     def _choose(self) -> None:
         """Correct with the host-term model only while its recent out-of-sample error (the last
@@ -393,7 +392,7 @@ class ResidualTracker:
         def med_abs(col: int) -> float | None:
             return float(np.median(np.abs(a[:, col]))) if k else None
 
-        s, h = (self._scales_h, self._host_terms) if self._host is not None else (self._scales, None)
+        s, h = (self._scales_h, self._host_terms) if self._use_host else (self._scales, None)
         host_floor = None
         if s is not None and k:
             # what the lightest step in the window costs the host: its scaled host prior plus the additive floor

@@ -167,10 +167,10 @@ class LiveMonitor:
         return out
 
     # --- the hooks (the engine thread) ---------------------------------------------------------------------
-    def _clock_mhz(self) -> float | None:
-        """The sampler's clock if fresh, else None (the forecast)."""
+    def _fresh_reading(self) -> tuple[Any, float | None]:
+        """The sampler's latest reading and its age if fresh, else (None, None): the forecast is used."""
         r, age = self.sampler.latest() if self.sampler is not None else (None, math.inf)
-        return r.sm_mhz if r is not None and age <= self._stale_s else None
+        return (r, age) if r is not None and age <= self._stale_s else (None, None)
 
     def before_schedule(self, scheduler: Any, limits: tuple[int, int]) -> tuple[int, int] | None:
         """Admission: the (token budget, running-request cap) for this step within ``limits`` (the configured
@@ -180,7 +180,9 @@ class LiveMonitor:
         budget = None
         try:
             if self._queue_view is not None and self.control.active:
-                budget, d, slo_s = self.control.decide(self._queue_view(scheduler), self._clock_mhz(), limits)
+                reading = self._fresh_reading()[0]
+                budget, d, slo_s = self.control.decide(self._queue_view(scheduler),
+                                                       reading.sm_mhz if reading is not None else None, limits)
                 self._decision = (d, slo_s)
         except Exception as e:  # noqa: BLE001
             budget = None
@@ -205,13 +207,11 @@ class LiveMonitor:
             if step is None or len(step) == 0:
                 return
             self._n += 1
-            reading, age = self.sampler.latest() if self.sampler is not None else (None, math.inf)
-            fresh = reading is not None and age <= self._stale_s
+            reading, age = self._fresh_reading()
             if self._fault_every and self._n % self._fault_every == 0:
                 raise InjectedFault(f"M2LIVE_FAULT: predictor failure injected on step {self._n}")
             dec, adm = self._decision, self.admission
-            p = Pending(index=self._n, step=step, ids=ids, reading=reading if fresh else None,
-                        age=age if fresh else None, t_start=self._t_start, ovh0=self._ovh_start,
+            p = Pending(index=self._n, step=step, ids=ids, reading=reading, age=age, t_start=self._t_start, ovh0=self._ovh_start,
                         hook_s=self._pre_s, decision=dec, measured=0.0, wall_end=0.0,
                         slo_s=dec[1] if dec else (adm.slo_s if adm is not None else None))
             if len(self._pending) >= self._max_pending:  # outputs that never came back (aborted engine step)

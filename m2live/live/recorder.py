@@ -107,9 +107,8 @@ class Recorder:
     def _record(self, p: Pending) -> None:
         step: Step = p.step
         pred, source = self._predict(p)
-        corrected = self.residuals.correct(pred, step)  # scored before learning from this step
         measured = p.measured
-        self.residuals.update(step, pred, measured)
+        corrected = self.residuals.update(step, pred, measured)  # the correction scored before learning from it
         if self.device.prior_check is not None:
             self.device.prior_check.observe(pred.total_s, pred.t_blocks, measured)
         admission = self.control.admission
