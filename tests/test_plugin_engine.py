@@ -94,14 +94,22 @@ def _check_sequences(steps: list[dict]) -> None:
             assert new == 1 and not pre and ctx == prompt + j, (i, j, decodes[j])
 
 
-def _noise_floor(recs: list[dict]) -> float:
-    """The median relative error of the best linear fit of the measured steps on their own shape (host floor,
-    prefill tokens, sequences, KV tokens), in sample: what no online correction can beat on this run's noise."""
+def _shape_matrix(recs: list[dict]):
+    """(measured step times, the step's shape per row: 1, prefill tokens, decodes, prefill chunks, KV tokens)."""
     import numpy as np
 
     m = np.array([r["measured_s"] for r in recs])
     X = np.array([[1.0, r["num_prefill_tokens"], r["num_decode_seqs"], r["num_prefill_seqs"],
                    r["decode_kv_tokens"] + r["prefill_kv_tokens"]] for r in recs])
+    return m, X
+
+
+def _noise_floor(recs: list[dict]) -> float:
+    """The median relative error of the best linear fit of the measured steps on their own shape (host floor,
+    prefill tokens, sequences, KV tokens), in sample: what no online correction can beat on this run's noise."""
+    import numpy as np
+
+    m, X = _shape_matrix(recs)
     th, *_ = np.linalg.lstsq(X / m[:, None], np.ones(len(m)), rcond=None)
     return float(np.median(np.abs(X @ th - m) / m))
 
@@ -112,9 +120,7 @@ def _online_baseline(recs: list[dict], lo: int, hi: int) -> float:
     right features would reach on this run's noise."""
     import numpy as np
 
-    m = np.array([r["measured_s"] for r in recs])
-    X = np.array([[1.0, r["num_prefill_tokens"], r["num_decode_seqs"], r["num_prefill_seqs"],
-                   r["decode_kv_tokens"] + r["prefill_kv_tokens"]] for r in recs])
+    m, X = _shape_matrix(recs)
     err = []
     for t in range(max(lo, 6), min(hi, len(m))):
         th, *_ = np.linalg.lstsq(X[:t] / m[:t, None], np.ones(t), rcond=1e-6)

@@ -46,19 +46,21 @@ def _engine_time(p: Predictor, step: Step, rng: random.Random) -> float:
     return 5 * t if rng.random() < 0.03 else t
 
 
-def _replay(device: str, scale: float, n: int = 240, seed: int = 0) -> tuple[np.ndarray, np.ndarray, ResidualTracker]:
-    """A steady mixed workload (4-24 decodes, a prefill chunk in 30 % of the steps): raw and corrected |error|."""
+def _replay(device: str, scale: float, n: int = 240, seed: int = 0, slow_from: int | None = None
+            ) -> tuple[np.ndarray, np.ndarray, ResidualTracker]:
+    """A steady mixed workload (4-24 decodes, a prefill chunk in 30 % of the steps): raw and corrected |error|.
+    ``slow_from``: from that step on the engine runs 3x slower (another tenant started)."""
     rng = random.Random(seed)
     truth, prior = _predictor(device, 1.0), _predictor(device, scale)
     tr = ResidualTracker()
     raw, cor = [], []
     ctxs = [rng.randint(20, 900) for _ in range(8)]
-    for _ in range(n):
+    for i in range(n):
         ctxs = [c + 1 for c in ctxs if c < 1500]
         while len(ctxs) < rng.randint(4, 24):
             ctxs.append(rng.randint(16, 900))
         step = Step.build([(rng.choice([16, 48, 128, 256, 400]), 0)] if rng.random() < 0.3 else [], ctxs)
-        measured = _engine_time(truth, step, rng)
+        measured = _engine_time(truth, step, rng) * (3.0 if slow_from is not None and i >= slow_from else 1.0)
         p = prior.predict(step, f_clk=1.0)
         cor.append(abs(tr.correct(p, step) - measured) / measured)  # scored before it learns from the step
         raw.append(abs(p.total_s - measured) / measured)
@@ -127,20 +129,7 @@ def test_a_host_dominated_tiny_model_is_rescued_to_its_noise_floor(scale: float)
 def test_a_machine_that_turns_3x_slower_is_followed_within_ten_steps() -> None:
     """Another tenant starts at step 100 and every step from then on is 3x slower: the window fit alone lags for
     a hundred steps (its median error stayed ~0.25-0.6); the fast level follows within ten."""
-    truth = prior = _predictor("cpu", 1.0)
-    rng = random.Random(0)
-    tr = ResidualTracker()
-    cor = []
-    ctxs = [rng.randint(20, 900) for _ in range(8)]
-    for i in range(160):
-        ctxs = [c + 1 for c in ctxs if c < 1500]
-        while len(ctxs) < rng.randint(4, 24):
-            ctxs.append(rng.randint(16, 900))
-        step = Step.build([(rng.choice([16, 48, 128, 256, 400]), 0)] if rng.random() < 0.3 else [], ctxs)
-        measured = _engine_time(truth, step, rng) * (3.0 if i >= 100 else 1.0)
-        p = prior.predict(step, f_clk=1.0)
-        cor.append(abs(tr.correct(p, step) - measured) / measured)
-        tr.update(step, p, measured)
+    _, cor, tr = _replay("cpu", 1.0, n=160, slow_from=100)
     assert np.median(cor[50:100]) <= 0.1
     assert np.median(cor[110:130]) <= 0.15 and np.median(cor[130:]) <= 0.15
     assert tr.stats()["level"] > 1.2  # part of the shift still carried by the level: the window fit lags
