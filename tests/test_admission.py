@@ -208,6 +208,28 @@ def test_zero_prefill_fallback_flags_and_stops_admissions(predictor: Predictor) 
     assert not d.flagged and d.max_active > heavy.num_running and c.flagged == 2
 
 
+def test_long_late_stretch_falls_back_and_empty_steps_do_not_count(predictor: Predictor) -> None:
+    """After ``fallback_after`` decisions in a row in which nothing met the SLO, vLLM's own budget (ramped by
+    doubling); an empty queue in the middle is not decided under the SLO (trusted None) and neither extends nor
+    breaks the stretch; a feasible step ends the fallback."""
+    heavy = QueueView([30000] * 200, [(4000, 100)], [500] * 10, LIMIT_TOKENS, LIMIT_SEQS)
+    empty = QueueView([], [], [], LIMIT_TOKENS, LIMIT_SEQS)
+    c = AdmissionController(predictor, None, slo_s=0.005, fallback_after=4)
+    seen = []
+    for view in [heavy, heavy, empty, heavy, empty, heavy, heavy, heavy]:
+        d = c.decide(view, 1.0)
+        seen.append((d.trusted, d.fallback, d.token_budget))
+    assert [t for t, _, _ in seen] == [True, True, None, True, None, True, True, True]
+    assert [f for _, f, _ in seen] == [False] * 5 + [True] * 3  # the 4th counted late decision falls back
+    budgets = [b for _, f, b in seen if f]
+    assert budgets == sorted(budgets) and budgets[-1] <= LIMIT_TOKENS and budgets[1] == min(LIMIT_TOKENS,
+                                                                                           2 * budgets[0])
+    assert c.fallbacks == 3
+    c.set_slo(2.0)
+    d = c.decide(heavy, 1.0)
+    assert not d.fallback and not d.flagged
+
+
 def test_idle_engine_still_makes_progress_when_nothing_fits(predictor: Predictor) -> None:
     """Nothing running and an SLO below any step: admit one request in a minimal chunk (flagged)."""
     c = AdmissionController(predictor, None, slo_s=1e-6, min_chunk=16)
