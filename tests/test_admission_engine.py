@@ -137,7 +137,8 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
         if c["decision"].trusted is False:  # what the controller itself read (the record thread may flip it)
             assert c["decision"].fallback, i
         elif c["decision"].trusted and c["decision"].fallback:
-            assert all(x["decision"].flagged for x in counted[max(0, i - ctrl.fallback_after):i]), i
+            # (the streak includes the decision itself: fallback_after - 1 flagged ones before it)
+            assert all(x["decision"].flagged for x in counted[max(0, i - ctrl.fallback_after + 1):i]), i
     assert any(c["converged"] for c in on), "the correction never converged on this engine's steps"
     assert sum(c["scheduled"] == c["budget"] for c in binding) >= 0.8 * len(binding)
     # a tighter SLO set live is what the next decisions aim at: every unflagged decision after the change
