@@ -170,17 +170,24 @@ class OpModel:
         pad = c.attn_row_pad
         rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
         u_max = 0.0  # the longest query tile (one CTA's work) in key positions x rows
+        k0 = c.k0_attn
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
             kv_tokens += ctx + new
             nq = -(-new // bm)
             ctas += nq
-            rows += -(-new // pad) * pad if (pad and new > 1) else new
-            for p0 in {max(0, (nq - 1) * bm), max(0, (nq - 2) * bm)}:  # the last two tiles: the last may be short
-                r = min(bm, new - p0)
-                r_pad = -(-r // pad) * pad if (pad and new > 1) else r
-                u_max = max(u_max, r * (ctx + p0 + (r + 1) / 2.0) + c.k0_attn * r_pad)
+            padded = pad and new > 1
+            rows += -(-new // pad) * pad if padded else new
+            # the longest tile is one of the last two (the last one may be short)
+            p0 = (nq - 1) * bm
+            r = new - p0
+            u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
+            if nq > 1:
+                p0 -= bm
+                u = max(u, bm * (ctx + p0 + (bm + 1) / 2.0) + k0 * (-(-bm // pad) * pad if padded else bm))
+            if u > u_max:
+                u_max = u
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * c.k0_attn * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
