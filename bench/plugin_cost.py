@@ -19,21 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plugin import REPO, _free_port  # noqa: E402  (bench/plugin.py: the plugin benchmark's repo root and port)
 
 
 def child(model: str, requests: int, plugin: bool) -> dict:
