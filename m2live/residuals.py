@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -62,6 +63,13 @@ NF = NC + NH  # features per step
 LOG_BOUND = math.log(1e4)  # scales within [1e-4, 1e4]
 LEVEL_STEPS = 8  # the recent level: median log residual of this many steps
 CHOOSE_STEPS = 16  # the two candidate models are compared on this many recent out-of-sample errors
+# The window refits share the engine's cores (and the GIL): on a 2-core CPU a tiny Llama's 2.8 ms steps took
+# 4.8-5.6 ms, and varied three times as much from step to step (log-difference 0.14-0.20 against 0.05), while
+# the record thread refitted every step (~2 ms each). A scheduled refit therefore waits until the engine has run
+# REFIT_TIME_RATIO times the last refit's own duration (measured step time since it; so the fits cost the engine
+# at most ~1/REFIT_TIME_RATIO of its time), or until REFIT_MAX_GAP steps passed.
+REFIT_TIME_RATIO = 20.0
+REFIT_MAX_GAP = 8
 _GEMM = (*GEMM_OPS, "lm_head")
 _ATTN = ("attn_prefill", "attn_decode")
 _HOST = ("host", "sampling")
@@ -186,6 +194,9 @@ class ResidualTracker:
         self.converged_error = converged_error
         self.halflife = halflife
         self.n = 0
+        self._refit_ms = 0.0  # duration of the last refit (ms, this thread's wall time)
+        self._since_ms = 0.0  # measured step time since the last refit (ms)
+        self._since_steps = 0
         # one plain tuple per step over the last `window` steps (arrays only when fitting or reporting):
         # (*features, measured ms, raw predicted ms, raw rel. error, scales-only model's rel. error,
         #  scales + host model's rel. error (nan while there is none), corrected rel. error)
@@ -312,8 +323,15 @@ class ResidualTracker:
             if self.n <= 64 or self.n % 8 == 0:
                 self._upper_cache.clear()
         every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
-        if self.n % every == 0 or self.n < self.min_fit:
+        self._since_ms += m_ms
+        self._since_steps += 1
+        if (self.n % every == 0 or self.n < self.min_fit) and (
+                self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
+                or self._since_steps >= max(REFIT_MAX_GAP, every)):
+            t0 = time.perf_counter()
             self._refit()
+            self._refit_ms = 1e3 * (time.perf_counter() - t0)
+            self._since_ms, self._since_steps = 0.0, 0
         self._choose()
         self._update_level()
         self._converged = self._judge()
