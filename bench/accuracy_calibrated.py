@@ -58,7 +58,8 @@ def run_gpu(folder: Path, budgets: tuple[int, ...] = BUDGETS, priors: tuple[str,
         t0 = time.time()
         # one design per kind, as far as the largest budget: every budget's plan is a prefix of it, except for
         # the kinds whose plan is the medoids of as many clusters as the budget (SPREAD_KINDS): planned per budget
-        order = {k: cal.plan(gpu.name, k, budgets_for(max(budgets))[k], prior=prior) for k in cal.KINDS}
+        order = {k: cal.plan(gpu.name, k, budgets_for(max(budgets))[k], prior=prior) for k in cal.KINDS
+                 if k not in cal.SPREAD_KINDS}
         res: dict = {"constants_from": gpu.kernel_family if pname == "in_sample" else
                      ZERO_SHOT_FROM[gpu.kernel_family], "by_budget": {}}
         for b in budgets:

@@ -217,10 +217,11 @@ def _cross_validate(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, nam
     prior; see ``CV_CONFIGS``)."""
     fold = np.arange(len(rows)) % CV_FOLDS
     meas = np.array([r.ms for r in rows])
-    ape: dict[str, np.ndarray] = {"prior": np.abs(predict_rows(gpu, prior, rows) - meas) / meas}
+    p_prior = predict_rows(gpu, prior, rows)
+    ape: dict[str, np.ndarray] = {"prior": np.abs(p_prior - meas) / meas}
     configs: dict[str, tuple[str, float]] = {}
     for which, strength in CV_CONFIGS:
-        pred = np.array(predict_rows(gpu, prior, rows))  # a fold with nothing to train on keeps the prior
+        pred = p_prior.copy()  # a fold with nothing to train on keeps the prior
         for f in range(CV_FOLDS):
             train = [r for r, g in zip(rows, fold, strict=True) if g != f]
             test = [r for r, g in zip(rows, fold, strict=True) if g == f]

@@ -196,7 +196,7 @@ class ResidualTracker:
         self.n = 0
         self._refit_ms = 0.0  # duration of the last refit (ms, this thread's wall time)
         self._since_ms = 0.0  # measured step time since the last refit (ms)
-        self._since_steps = 0
+        self._refit_n = 0  # self.n at the last refit
         # one plain tuple per step over the last `window` steps (arrays only when fitting or reporting):
         # (*features, measured ms, raw predicted ms, raw rel. error, scales-only model's rel. error,
         #  scales + host model's rel. error (nan while there is none), corrected rel. error)
@@ -324,14 +324,13 @@ class ResidualTracker:
                 self._upper_cache.clear()
         every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
         self._since_ms += m_ms
-        self._since_steps += 1
         if (self.n % every == 0 or self.n < self.min_fit) and (
                 self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
-                or self._since_steps >= max(REFIT_MAX_GAP, every)):
+                or self.n - self._refit_n >= max(REFIT_MAX_GAP, every)):
             t0 = time.perf_counter()
             self._refit()
             self._refit_ms = 1e3 * (time.perf_counter() - t0)
-            self._since_ms, self._since_steps = 0.0, 0
+            self._since_ms, self._refit_n = 0.0, self.n
         self._choose()
         self._update_level()
         self._converged = self._judge()

@@ -9,12 +9,13 @@ engine's own scheduler after every ``schedule()`` (``max_num_scheduled_tokens``,
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
 
 import pytest
+
+from m2live.trace import json_lines
 
 SLO_MS = 60.0  # at start-up only: the phases' SLOs are set live, relative to this engine's measured steps
 LIMIT_TOKENS = 2048
@@ -26,21 +27,23 @@ def _prompts(n: int, seed: int, lo: int = 150, hi: int = 600) -> list[list[int]]
     return [[rng.randrange(3, 8000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
+def _trace_median(trace: Path, t0: float, t1: float, value) -> float:
+    """Median of ``value(record)`` over the trace's measured steps in [t0, t1] (1.0 when there are none)."""
+    recs = [r for _, r in json_lines(trace) if isinstance(r, dict) and r.get("measured_s")
+            and r.get("predicted_s", 0) > 0 and t0 <= r["time"] <= t1]
+    v = sorted(value(r) for r in recs)
+    return v[len(v) // 2] if v else 1.0
+
+
 def _slowness(trace: Path, t0: float, t1: float) -> float:
     """How slow the machine ran in [t0, t1]: the median measured / raw predicted step time of the trace's steps
     (the raw prediction does not depend on the machine's load, so the ratio does only on that)."""
-    recs = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
-    r = sorted(x["measured_s"] / x["predicted_s"] for x in recs
-               if x.get("measured_s") and x["predicted_s"] > 0 and t0 <= x["time"] <= t1)
-    return r[len(r) // 2] if r else 1.0
+    return _trace_median(trace, t0, t1, lambda r: r["measured_s"] / r["predicted_s"])
 
 
 def _corrected_error(trace: Path, t0: float, t1: float) -> float:
     """Median |corrected − measured| / measured of the trace's steps in [t0, t1]."""
-    recs = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
-    e = sorted(abs(x["corrected_s"] - x["measured_s"]) / x["measured_s"] for x in recs
-               if x.get("measured_s") and x.get("corrected_s") is not None and t0 <= x["time"] <= t1)
-    return e[len(e) // 2] if e else 1.0
+    return _trace_median(trace, t0, t1, lambda r: abs(r["corrected_s"] - r["measured_s"]) / r["measured_s"])
 
 
 @pytest.mark.engine
@@ -177,7 +180,7 @@ def test_applied_budget_equals_the_decision(engine_lock, bench_model_dir: Path, 
         assert (c["budget"], c["active"]) == (LIMIT_TOKENS, LIMIT_SEQS)
 
     # the trace records the decision applied to each step, in order
-    records = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    records = [r for _, r in json_lines(trace)]
     budgets_traced = [r["token_budget"] for r in records if r.get("token_budget") is not None]
     assert budgets_traced == [c["decision"].token_budget for c in on][: len(budgets_traced)]
     assert len(budgets_traced) >= len(on) - 2
