@@ -56,19 +56,13 @@ def run_gpu(folder: Path, budgets: tuple[int, ...] = BUDGETS, priors: tuple[str,
     for pname in priors:
         prior = prior_consts[pname]
         t0 = time.time()
-        # one design per kind, as far as the largest budget: every budget's plan is a prefix of it, except for
-        # the kinds whose plan is the medoids of as many clusters as the budget (SPREAD_KINDS): planned per budget
-        order = {k: cal.plan(gpu.name, k, budgets_for(max(budgets))[k], prior=prior) for k in cal.KINDS
-                 if k not in cal.SPREAD_KINDS}
         res: dict = {"constants_from": gpu.kernel_family if pname == "in_sample" else
                      ZERO_SHOT_FROM[gpu.kernel_family], "by_budget": {}}
         for b in budgets:
             nb = budgets_for(b)
             fit_rows, missing = [], 0
             for k in cal.KINDS:
-                planned = (cal.plan(gpu.name, k, nb[k], prior=prior) if k in cal.SPREAD_KINDS
-                           else order[k][:nb[k]])
-                for r in planned:
+                for r in cal.plan(gpu.name, k, nb[k]):
                     hit = by_kind[k].get(cal.shape_key(k, r))
                     if hit is None:
                         missing += 1

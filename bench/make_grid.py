@@ -1,9 +1,11 @@
 """Write m2live/data/opbench_grid.json.gz: the standard opbench shape grid, shape columns only.
 
-The grid is the set of shapes measured in ../shared/data/opbench/h100_sxm (every opbench GPU is measured on the
-same grid, less the shapes a GPU could not run). ``m2live calibrate plan`` picks the shapes to measure from it, so
-the package needs the grid at run time but not the tables: only the shape columns are kept (deduplicated, sorted),
-no device, kernel or latency.
+The grid is the set of shapes measured in ../shared/data/opbench/h100_sxm. Not every opbench GPU was measured on
+all of it: the A100's GEMM table has 21 values of M where the H100's and B300's have 76 (4116 of 14504 shapes in
+the accuracy region), so each kind also lists ``common``, the indices of the shapes present in *every* opbench
+GPU's table — the ones a table of another GPU from the same collector most likely holds. ``m2live calibrate plan``
+picks the shapes to measure from those, so the package needs the grid at run time but not the tables: only the
+shape columns are kept (deduplicated, sorted), no device, kernel or latency.
 
     .venv/bin/python bench/make_grid.py [--src ../shared/data/opbench/h100_sxm] [--out m2live/data/opbench_grid.json.gz]
 """
@@ -23,13 +25,22 @@ from m2live.validate import ATTN_COLS, GEMM_COLS, read_table  # noqa: E402
 FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv"}
 
 
+def _shapes(path: Path, cols: tuple[str, ...]) -> set[tuple[int, ...]]:
+    return {tuple(int(float(r[c])) for c in cols) for r in read_table(path).rows}
+
+
 def grid_from(folder: Path) -> dict:
-    out: dict = {"source": f"shape columns of opbench {folder.name} (bench/make_grid.py)"}
+    others = sorted(p for p in folder.parent.iterdir() if p.is_dir())
+    out: dict = {"source": f"shape columns of opbench {folder.name}; common: shapes in every table of "
+                           f"{', '.join(p.name for p in others)} (bench/make_grid.py)"}
     for kind, name in FILES.items():
-        t = read_table(folder / name)
         cols = GEMM_COLS if kind == "gemm" else ATTN_COLS
-        shapes = sorted({tuple(int(float(r[c])) for c in cols) for r in t.rows})
-        out[kind] = {"columns": list(cols), "rows": [list(s) for s in shapes]}
+        shapes = sorted(_shapes(folder / name, cols))
+        everywhere = set(shapes)
+        for p in others:
+            everywhere &= _shapes(p / name, cols)
+        out[kind] = {"columns": list(cols), "rows": [list(s) for s in shapes],
+                     "common": [i for i, s in enumerate(shapes) if s in everywhere]}
     return out
 
 
@@ -42,7 +53,8 @@ def main() -> int:
     # mtime=0: the same grid always gives the same bytes
     with gzip.GzipFile(args.out, "wb", mtime=0) as f:
         f.write(json.dumps(grid, separators=(",", ":")).encode())
-    print(f"wrote {args.out}: " + ", ".join(f"{k} {len(grid[k]['rows'])} shapes" for k in FILES))
+    print(f"wrote {args.out}: " + ", ".join(f"{k} {len(grid[k]['rows'])} shapes ({len(grid[k]['common'])} common)"
+                                            for k in FILES))
     return 0
 
 

@@ -53,19 +53,13 @@ from .calibration_params import (
     predict_rows,
 )
 from .calibration_plan import (
-    _DATA,
     DEFAULT_BUDGET,
     GRID_FILE,
-    PLAN_MAX,
-    REGIMES,
-    SPREAD_KINDS,
-    TIME_BINS,
-    _plan_order,
-    design,
     grid_rows,
+    medoids,
     plan,
     regime,
-    sensitivities,
+    shape_features,
     shape_key,
     write_plan,
 )
@@ -325,11 +319,10 @@ def score(cal: Calibration | None, gpu_name: str, rows: Sequence[Row]) -> float:
 
 __all__ = [  # every name m2live.calibrate offered before the split (the bench, tests and commands use them)
     "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CV_CONFIGS", "CV_FOLDS", "CV_MIN_ROWS",
-    "DEFAULT_BUDGET", "DISCRETE", "FILES", "FIT_GROUPS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS", "PLAN_MAX",
-    "PRIMARY", "REGIMES", "RESID_SCALE", "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT",
-    "SPREAD_KINDS", "TABLE_KIND", "TIME_BINS", "ArchConstants", "Calibration", "CalibrationError", "GpuSpec",
-    "OpModel", "Params", "Row", "active", "constants_for", "design", "fit", "fit_constants", "get_gpu",
-    "grid_rows", "load", "load_for", "plan", "predict_rows", "read_rows", "read_table", "regime", "replace",
-    "rows_from_tables", "score", "sensitivities", "shape_key", "write_plan",
-    "_DATA", "_plan_order",  # the plan's memoised designs (tests clear them)
+    "DEFAULT_BUDGET", "DISCRETE", "FILES", "FIT_GROUPS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS",
+    "PRIMARY", "RESID_SCALE", "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT",
+    "TABLE_KIND", "ArchConstants", "Calibration", "CalibrationError", "GpuSpec",
+    "OpModel", "Params", "Row", "active", "constants_for", "fit", "fit_constants", "get_gpu",
+    "grid_rows", "load", "load_for", "medoids", "plan", "predict_rows", "read_rows", "read_table", "regime",
+    "replace", "rows_from_tables", "score", "shape_features", "shape_key", "write_plan",
 ]

@@ -1,11 +1,24 @@
 """The plan of a GPU calibration: which shapes of the standard opbench grid to measure on it.
 
-``plan(gpu, kind, budget)``: a greedy D-optimal design over the sensitivities d log t / d theta of the predicted
-latency to the calibrated constants, each pick from the stratum (regime — latency-, memory-, ridge- or
-compute-bound — x quartile of the predicted latency) furthest behind its share of the grid, so that every regime
-and size of work is pinned in proportion; for the kinds in ``SPREAD_KINDS`` the picks then move to the medoids
-of the grid's clusters. ``write_plan`` writes it in the opbench schema (shape columns and ``device``, no
-``latency_ms``). The standard grid is ``data/opbench_grid.json.gz`` (the shapes of the opbench tables).
+``plan(gpu, kind, budget)``: the medoids of ``budget`` clusters of the grid's shapes (k-means in the space of
+their log dimensions, standardised), so that the measured rows are a representative sample of the shapes the
+accuracy is scored on — every size of work and, through it, every regime (latency-, memory-, ridge- and
+compute-bound) in proportion — and only shapes every opbench GPU was measured on (the grid's ``common`` subset),
+so that a table from the same collector for another GPU holds them. ``write_plan`` writes it in the opbench
+schema (shape columns and ``device``, no ``latency_ms``). The standard grid is ``data/opbench_grid.json.gz``
+(the shapes of the opbench tables).
+
+Why medoids and not an optimal design over the constants' sensitivities (measured on the opbench GPUs with
+bench/accuracy_calibrated.py's protocol, held-out MAPE summed over A100, B300 and H100 with both priors, 32 GEMM
+and 16 + 16 attention rows): greedy D-optimal picks (stratified by regime and latency quartile, then moved to
+medoids in sensitivity space) scored GEMM 52.3, prefill 62.2, decode 54.2; the same picks restricted to the
+common grid 49.0 / 62.2 / 54.2 (on the A100 only 10 of the 32 GEMM picks were in its table); medoids in shape
+space 43.2 / 58.4 / 51.2, as good as uniform random samples of the same size (44.6 / 62.9 / 58.8). An
+optimal design picks the rows where the prior's constants are most sensitive: extremes, where a mechanism
+borrowed from another kernel family is most wrong, and a fit that follows them moves the constants for the rest
+(A100 from Hopper's constants: GEMM 13.3 % held out after the D-optimal plan, 8.4 % after the medoids).
+
+numpy only: the core package imports without scipy, torch or vLLM.
 """
 
 from __future__ import annotations
@@ -19,23 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .calibration_params import (
-    CALIBRATED,
-    KINDS,
-    LINEAR,
-    RESID_SCALE,
-    ROW_KIND,
-    SHAPE_COLS,
-    SIGMA,
-    SIGMA_DEFAULT,
-    CalibrationError,
-    Params,
-    Row,
-    active,
-    predict_rows,
-)
-from .efficiency import ArchConstants, constants_for
-from .hardware import GpuSpec, get_gpu
+from .calibration_params import KINDS, ROW_KIND, SHAPE_COLS, CalibrationError
+from .hardware import get_gpu
 from .predictor import OpModel
 from .validate import ATTN_COLS, in_core_region
 
@@ -52,16 +50,22 @@ def _grid() -> dict:
         return json.load(f)
 
 
-def grid_rows(kind: str, region: bool = True) -> list[dict[str, str]]:
-    """The standard opbench grid's shapes of ``kind`` as table rows (strings, as read_table gives them), in the
-    accuracy region only unless ``region`` is False."""
-    _check_kind(kind)
+@lru_cache(maxsize=16)
+def _grid_rows(kind: str, region: bool, common: bool) -> tuple[dict[str, str], ...]:
     g = _grid()[kind]
-    rows = [{c: str(v) for c, v in zip(g["columns"], r, strict=True)} for r in g["rows"]]
+    shapes = [g["rows"][i] for i in g["common"]] if common else g["rows"]
+    rows = [{c: str(v) for c, v in zip(g["columns"], r, strict=True)} for r in shapes]
     rows = [r for r in rows if (int(r["step"]) == 0) == (kind == "prefill")] if kind != "gemm" else rows
     if region:
         rows = [r for r in rows if in_core_region(ROW_KIND[kind], r)]
-    return rows
+    return tuple(rows)
+
+
+def grid_rows(kind: str, region: bool = True, common: bool = False) -> list[dict[str, str]]:
+    """The standard opbench grid's shapes of ``kind`` as table rows (strings, as read_table gives them), in the
+    accuracy region only unless ``region`` is False; ``common``: only the shapes every opbench GPU's table has."""
+    _check_kind(kind)
+    return [dict(r) for r in _grid_rows(kind, region, common)]
 
 
 def _check_kind(kind: str) -> None:
@@ -93,146 +97,54 @@ def regime(om: OpModel, kind: str, row: dict[str, str]) -> str:
     return t.bound
 
 
-def sensitivities(gpu: GpuSpec, prior: ArchConstants, names: list[str], rows: Sequence[Row],
-                  h: float = 0.1) -> np.ndarray:
-    """d log t / d x for each row and constant (x = log theta; central differences of +-h, wide enough to see
-    through the tile heuristic's kinks)."""
-    par = Params(names, prior)
-    J = np.zeros((len(rows), len(names)))
-    for j in range(len(names)):
-        xp, xm = par.x0.copy(), par.x0.copy()
-        hj = h * par.step[j] / 2e-3 if names[j] in LINEAR else h
-        xp[j] += hj
-        xm[j] -= hj
-        up = np.log(predict_rows(gpu, par.constants(par.clip(xp)), rows))
-        dn = np.log(predict_rows(gpu, par.constants(par.clip(xm)), rows))
-        span = par.clip(xp)[j] - par.clip(xm)[j]
-        J[:, j] = (up - dn) / span if span > 0 else 0.0
-        if names[j] in LINEAR:  # in prior deviations, like the log constants' ~0.5
-            J[:, j] *= SIGMA.get(names[j], SIGMA_DEFAULT) / SIGMA_DEFAULT
-    return J
-
-
-def plan(gpu_name: str, kind: str, budget: int | None = None,
-         prior: ArchConstants | None = None) -> list[dict[str, str]]:
-    """At most ``budget`` shapes of the standard grid (accuracy region) to measure on ``gpu_name``, in the order
-    the design picked them (prefill: a smaller budget's plan is a prefix of a larger one's; GEMM and decode:
-    medoids per budget, SPREAD_KINDS). Deterministic. ``prior``: the constants to design around (default: the
-    GPU's own, ``constants_for``)."""
-    gpu = get_gpu(gpu_name)
+def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, str]]:
+    """At most ``budget`` shapes of the standard grid (accuracy region, shapes every opbench GPU was measured on)
+    to measure on ``gpu_name``: the medoids of as many clusters (``medoids``). Deterministic."""
+    get_gpu(gpu_name)  # an unknown GPU is an error before any work
     _check_kind(kind)
     n = DEFAULT_BUDGET[kind] if budget is None else budget
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CalibrationError(f"--budget must be a positive integer, got {budget!r}")
-    if kind in SPREAD_KINDS:
-        return [dict(r) for r in _spread_plan(gpu.name, kind, n, prior)]
-    order = _plan_order(gpu.name, kind) if prior is None else design(gpu, kind, prior, max(n, PLAN_MAX))
-    return [dict(r) for r in order[:n]]
+    cands = grid_rows(kind, common=True)
+    return [dict(cands[i]) for i in medoids(kind, min(n, len(cands)))]
 
 
-# Kinds whose plan moves the D-optimal picks to the medoids of the grid's clusters (k-means in the space of the
-# sensitivities and log latency, seeded by the picks): chosen on the opbench GPUs (bench/accuracy_calibrated.py,
-# 32 GEMM / 16 + 16 attention rows, held-out MAPE summed over A100, B300, H100 and both priors): decode 68.5 ->
-# 57.7 (FlashInfer's decode on the B300 alone 18.9 -> 8.3 % zero-shot), prefill 61.6 -> 75.2 (kept D-optimal).
-# GEMM: no difference under the first clock model (47.4 -> 47.5); with the burst-headroom clock the D-optimal
-# picks misled the fit on a borrowed prior (B300 <- Hopper held out 8.4 -> 12.2 %: the extremes are where the
-# borrowed tile constants are most wrong, and the fit moved eta_tc and eta_mem to compensate), the medoids do not
-# (zero-shot held out A100 13.4 -> 13.4, B300 8.4 -> 8.4, H100 8.6 -> 8.2 %; in-sample unchanged). The medoids are
-# representative shapes; pure D-optimal picks are extremes, which a kernel family the mechanism describes less
-# well fits to the detriment of the rest.
-SPREAD_KINDS: frozenset[str] = frozenset({"decode", "gemm"})
-_DATA: dict = {}
+def shape_features(kind: str, rows: Sequence[dict[str, str]]) -> np.ndarray:
+    """Each shape as its log dimensions (GEMM: M, N, K; attention: batch, query or context length, heads, KV
+    heads), standardised over ``rows``: the space in which the plan spreads its picks."""
+    if kind == "gemm":
+        X = np.log([[int(r["m"]), int(r["n"]), int(r["k"])] for r in rows])
+    else:
+        length = "isl" if kind == "prefill" else "step"
+        X = np.log([[int(r["batch_size"]), int(r[length]) + (kind == "decode"), int(r["num_heads"]),
+                     int(r["num_key_value_heads"])] for r in rows])
+    sd = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
-def _spread_plan(gpu_name: str, kind: str, n: int, prior: ArchConstants | None) -> list[dict[str, str]]:
-    """The D-optimal picks moved to the medoids of the grid's clusters in (sensitivity, log latency) space."""
-    gpu = get_gpu(gpu_name)
-    prior = prior or constants_for(gpu)
-    key = (gpu.name, kind, repr(prior))
-    if key not in _DATA:
-        cands = grid_rows(kind)
-        rows = [Row(kind, r) for r in cands]
-        names = active(CALIBRATED[kind], prior)
-        J = sensitivities(gpu, prior, names, rows)
-        logt = np.log(predict_rows(gpu, prior, rows))
-        F = np.column_stack([J, 2.0 * logt[:, None] / max(1e-9, float(np.std(logt)))])
-        sd = F.std(axis=0)
-        F = F[:, sd > 1e-9] / sd[sd > 1e-9]
-        index = {shape_key(kind, r): i for i, r in enumerate(cands)}
-        order = design(gpu, kind, prior, PLAN_MAX)
-        _DATA[key] = (cands, F, [index[shape_key(kind, r)] for r in order])
-    cands, F, seeds = _DATA[key]
-    cent = F[seeds[:n]].copy()
-    for _ in range(15):
-        d = ((F[:, None, :] - cent[None, :, :]) ** 2).sum(-1)
-        lab = d.argmin(1)
-        for j in range(len(cent)):
-            if (lab == j).any():
-                cent[j] = F[lab == j].mean(0)
-    d = ((F[:, None, :] - cent[None, :, :]) ** 2).sum(-1)
+@lru_cache(maxsize=32)
+def medoids(kind: str, n: int, iterations: int = 30) -> tuple[int, ...]:
+    """Indices into ``grid_rows(kind, common=True)`` of the medoids of ``n`` k-means clusters of its shapes
+    (k-means++ seeding from a fixed seed, then Lloyd's iterations; each centre's nearest shape not yet taken)."""
+    X = shape_features(kind, grid_rows(kind, common=True))
+    rng = np.random.default_rng(0)
+    centres = [int(rng.integers(len(X)))]
+    d2 = ((X - X[centres[0]]) ** 2).sum(axis=1)
+    while len(centres) < n:
+        i = int(rng.choice(len(X), p=d2 / d2.sum())) if d2.sum() > 0 else int(np.argmax(d2))
+        centres.append(i)
+        d2 = np.minimum(d2, ((X - X[i]) ** 2).sum(axis=1))
+    cent = X[centres].copy()
+    for _ in range(iterations):
+        label = ((X[:, None, :] - cent[None, :, :]) ** 2).sum(axis=-1).argmin(axis=1)
+        for j in range(n):
+            if (label == j).any():
+                cent[j] = X[label == j].mean(axis=0)
+    dist = ((X[:, None, :] - cent[None, :, :]) ** 2).sum(axis=-1)
     out: list[int] = []
-    for j in range(len(cent)):
-        for i in np.argsort(d[:, j]):
-            if int(i) not in out:
-                out.append(int(i))
-                break
-    return [cands[i] for i in out]
-
-
-PLAN_MAX = 128  # the design is computed this far once; every budget up to it is a prefix
-
-
-@lru_cache(maxsize=16)
-def _plan_order(gpu_name: str, kind: str) -> tuple[dict[str, str], ...]:
-    gpu = get_gpu(gpu_name)
-    return design(gpu, kind, constants_for(gpu), PLAN_MAX)
-
-
-def design(gpu: GpuSpec, kind: str, prior: ArchConstants, max_rows: int) -> tuple[dict[str, str], ...]:
-    """Greedy D-optimal order over the grid: each pick maximises log det of the information matrix (the prior's
-    plus the picked rows' J^T J), within the stratum (regime x latency quartile) furthest behind its share of the
-    grid, so that every regime and size of work pins the constants in proportion to the shapes it decides."""
-    cands = grid_rows(kind)
-    rows = [Row(kind, r) for r in cands]
-    names = active(CALIBRATED[kind], prior)
-    J = sensitivities(gpu, prior, names, rows) / RESID_SCALE
-    sig = np.array([SIGMA_DEFAULT if n in LINEAR else SIGMA.get(n, SIGMA_DEFAULT) for n in names])
-    om = OpModel(gpu, constants=prior)
-    stratum = np.array([REGIMES.index(regime(om, kind, r)) for r in cands])
-    n_strata = len(REGIMES)
-    if TIME_BINS > 1:  # and by the size of the work: quantiles of the predicted latency
-        t = predict_rows(gpu, prior, rows)
-        edges = np.quantile(np.log(t), np.linspace(0, 1, TIME_BINS + 1)[1:-1])
-        stratum = stratum * TIME_BINS + np.searchsorted(edges, np.log(t))
-        n_strata *= TIME_BINS
-    share = np.bincount(stratum, minlength=n_strata) / len(cands)
-    info = np.diag(1.0 / sig**2)  # the prior's information: a direction the prior already pins gains little
-    chosen: list[int] = []
-    picked = np.zeros(n_strata)
-    taken = np.zeros(len(cands), dtype=bool)
-    while len(chosen) < min(max_rows, len(cands)):
-        inv = np.linalg.inv(info)
-        gain = np.einsum("ij,jk,ik->i", J, inv, J)  # log det gain of a row = log(1 + J A^-1 J^T)
-        gain[taken] = -1.0
-        # the regime furthest behind its share of the grid takes the pick; every regime first gets one
-        left = np.array([((stratum == s) & ~taken).any() for s in range(n_strata)])
-        need = np.where(left & (picked == 0), np.inf, share * (len(chosen) + 1) - picked)
-        need[~left] = -np.inf
-        s = int(np.argmax(need))
-        in_s = np.flatnonzero((stratum == s) & ~taken)
-        pick = int(in_s[int(np.argmax(gain[in_s]))])  # ties: the first in grid order
-        chosen.append(pick)
-        picked[s] += 1
-        taken[pick] = True
-        info = info + np.outer(J[pick], J[pick])
-    return tuple(cands[i] for i in chosen)
-
-
-REGIMES = ("latency", "memory", "ridge", "compute")
-# Strata of the design: regime x quartile of the predicted latency. Chosen on the opbench GPUs (zero-shot prior,
-# 32 GEMM rows, held-out MAPE; bench/accuracy_calibrated.py): regimes alone 12.5 / 8.2 / 9.3 % (A100 / B300 /
-# H100), with the latency quartiles 9.7 / 7.3 / 6.9 %; unstratified D-optimal picks the extremes and fits them.
-TIME_BINS = 4
+    for j in range(n):
+        out.append(next(int(i) for i in np.argsort(dist[:, j], kind="stable") if int(i) not in out))
+    return tuple(out)
 
 
 def write_plan(rows: Sequence[dict[str, str]], kind: str, gpu_name: str, out) -> None:

@@ -61,31 +61,40 @@ def cal_file(tmp_path_factory, truth) -> Path:
 # ---- the plan ----------------------------------------------------------------------------------------------
 def test_plan_is_deterministic_within_budget_and_on_the_grid():
     grid = {k: {cal.shape_key(k, r) for r in cal.grid_rows(k)} for k in cal.KINDS}
+    common = {k: {cal.shape_key(k, r) for r in cal.grid_rows(k, common=True)} for k in cal.KINDS}
     for k in cal.KINDS:
         a = cal.plan(H100, k)
-        cal._plan_order.cache_clear()  # a fresh design, not the memoised one
-        cal._DATA.clear()
+        cal.medoids.cache_clear()  # a fresh clustering, not the memoised one
         b = cal.plan(H100, k)
         assert a == b and len(a) == cal.DEFAULT_BUDGET[k]
         assert len({cal.shape_key(k, r) for r in a}) == len(a)  # no shape twice
         assert all(cal.shape_key(k, r) in grid[k] for r in a)
+        assert all(cal.shape_key(k, r) in common[k] for r in a)  # shapes every opbench table has
         kind = {"gemm": "gemm", "prefill": "prefill_attention", "decode": "decode_attention"}[k]
         assert all(in_core_region(kind, r) for r in a)
         assert all((int(r["step"]) == 0) == (k == "prefill") for r in a) if k != "gemm" else True
-        if k not in cal.SPREAD_KINDS:
-            assert cal.plan(H100, k, 5) == a[:5]  # a smaller budget is a prefix
-        else:
-            assert len(cal.plan(H100, k, 5)) == 5
+        assert len(cal.plan(H100, k, 5)) == 5
 
 
-def test_plan_covers_every_gemm_regime():
-    om = cal.OpModel(get_gpu(H100))
-    regimes = {cal.regime(om, "gemm", r) for r in cal.plan(H100, "gemm")}
-    assert {"memory", "ridge", "compute"} <= regimes
+@pytest.mark.parametrize("gpu", [H100, "NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA B200"])
+def test_plan_covers_every_gemm_regime_and_size(gpu):
+    om = cal.OpModel(get_gpu(gpu))
+    picked = cal.plan(gpu, "gemm")
+    assert {"memory", "ridge", "compute"} <= {cal.regime(om, "gemm", r) for r in picked}
+    # a representative sample: every quartile of the grid's M, N and K is measured
+    grid = cal.grid_rows("gemm", common=True)
+    for col in ("m", "n", "k"):
+        edges = np.quantile([int(r[col]) for r in grid], [0.25, 0.5, 0.75])
+        assert len({int(np.searchsorted(edges, int(r[col]), side="right")) for r in picked}) == 4, col
 
 
-def test_plan_depends_on_the_gpu():
-    assert cal.plan(H100, "gemm") != cal.plan("NVIDIA A100-SXM4-80GB", "gemm")
+def test_common_grid_is_in_every_opbench_table():
+    """The plan's shapes are the ones every opbench GPU was measured on: the A100's sparser GEMM grid bounds it."""
+    common = {cal.shape_key("gemm", r) for r in cal.grid_rows("gemm", common=True)}
+    assert 0 < len(common) < len(cal.grid_rows("gemm"))
+    for folder in sorted(p for p in OPBENCH.iterdir() if p.is_dir()):
+        t = cal.read_table(folder / "gemm_bf16.csv")
+        assert common <= {cal.shape_key("gemm", r) for r in t.rows}, folder.name
 
 
 def test_plan_cli_writes_the_opbench_shape_columns(tmp_path):
