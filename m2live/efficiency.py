@@ -100,9 +100,11 @@ class ArchConstants:
 # - t_kernel 2.5 / 2.9 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
 #   overlap p 2.4 / 2.6 / 1.7: how hard the roofline max is near the ridge.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
-#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.60 (FA2) / 0.68 (FA3) / 0.72 (TRT-LLM) with a per-CTA
-#   prologue/epilogue of 187 / 460 / 531 keys per query row (these three and block_cost refitted alone, last with the burst-headroom clock —
-#   `--only eta_attn,k0_attn,block_cost` — with the causal tile makespan, OpModel._tile_makespan_fill); decode KV streams at 0.73 / 0.88 / 0.89 of DRAM peak;
+#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.59 (FA2) / 0.68 (FA3) / 0.76 (TRT-LLM) with a per-CTA
+#   prologue/epilogue of 186 / 460 / 568 keys per query row (these three and block_cost refitted alone —
+#   `--only eta_attn,k0_attn,block_cost` — last with the query blocks of vLLM's kernels, attn_block_m 64 / 128 /
+#   256, on the burst-headroom clock and the causal tile makespan, OpModel._tile_makespan_fill); decode KV streams
+#   at 0.73 / 0.88 / 0.89 of DRAM peak;
 #   ~4 / 4 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 7.8 / 2.3 / 0.7 us; FA2's
 #   grouped-query relayout 7 us (A100 only); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA
 #   per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100.
@@ -110,11 +112,15 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.604793, k0_attn=187.11, eta_attn_mem=0.7334,
-        item_cost=4.363e-06, block_cost=4.35938e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.590002, k0_attn=185.737, eta_attn_mem=0.7334,
+        item_cost=4.363e-06, block_cost=8.59293e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
+        # vLLM's prefill reads a paged KV cache, and FA2's varlen API sends paged-KV calls to its split-KV kernel,
+        # whose query block is 64 rows at every head dim (run_mha_fwd_splitkv_dispatch: kBlockM = 64, kBlockN =
+        # 128 at head_dim <= 128), not the 128 of its plain forward kernel (A100 prefill 8.9 -> 8.1 % refitted)
+        attn_block_m=64,
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
@@ -127,12 +133,18 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
         t_ramp=7.20521e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.72026, k0_attn=530.906, eta_attn_mem=0.8873,
-        item_cost=1.593e-06, block_cost=2.9253e-06, cta_bw=6.08e+10, t_split=6.66e-07,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.8873,
+        item_cost=1.593e-06, block_cost=2.00693e-06, cta_bw=6.08e+10, t_split=6.66e-07,
         # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
         # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300
         # prefill 13.8 % with no padding, 12.0 % with 128)
         attn_row_pad=128,
+        # ...and a CTA works on two such 128-row query tiles (the kernels are named Q128Kv128; Blackwell attention
+        # kernels ping-pong two query tiles between two softmax warpgroups so that one tile's softmax hides under
+        # the other's MMAs, FlashAttention-4's layout): the unit of work, and of the grid's waves, is 256 rows.
+        # Chosen on the B300 prefill table (refitted: 128 rows 9.9 %, 256 rows 8.5 %; a longest-first tile
+        # order, as a persistent scheduler might hand out, 8.8 %)
+        attn_block_m=256,
         # tcgen05 MMAs: a CTA pair shares one 256-wide tile (2-SM UMMA), so cuBLAS has 256x256 tiles too
         tiles=((64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128), (256, 256)),
         memory="HBM3e", fitted_on="opbench b300_sxm (NVIDIA B300 SXM6 AC), bench/fit_constants.py",
