@@ -12,7 +12,7 @@ import pytest
 from conftest import OPBENCH, SHARED, one_line_error, run
 
 from m2live import Predictor, Step
-from m2live.efficiency import ARCH_FP8, transfer_fp8
+from m2live.efficiency import ARCH, ARCH_FP8, gemm_efficiency, transfer_fp8
 from m2live.hardware import all_gpus, get_gpu
 from m2live.planner import PlanConfig, memory_fit
 from m2live.predictor import OpModel
@@ -179,3 +179,14 @@ def test_predict_cli_precision_flag_changes_the_projections_only():
     a, b = out["bf16"]["ops"], out["fp8"]["ops"]
     assert b["gate_up"] < a["gate_up"] and b["attn_decode"] == pytest.approx(a["attn_decode"])
     assert out["fp8"]["total_s"] < out["bf16"]["total_s"]
+
+
+def test_hopper_fp8_tiles_are_vllms_sm90_dispatch_and_never_split_k():
+    """vLLM's CUTLASS sm90 fp8 configs are chosen by M (and N for small M), not by a least-time search, and none
+    splits K: M = 300 runs in 128-row tiles although 64-row ones would waste less."""
+    c = ARCH_FP8["hopper"]
+    for m, n, tile in ((1, 4096, (16, 64)), (64, 1024, (16, 64)), (64, 4096, (64, 64)), (100, 4096, (64, 128)),
+                       (300, 4096, (128, 128)), (8192, 8192, (128, 128))):
+        e = gemm_efficiency(m, n, 8192, 132, c)
+        assert e.tile == tile and e.split_k == 1, (m, n, e)
+    assert gemm_efficiency(300, 4096, 8192, 132, ARCH["hopper"]).tile != (128, 128)  # bf16: cuBLAS, least time
