@@ -436,7 +436,7 @@ def forecast_clock_ratio(
 # least-time tile (its k_split grid picks 4096).
 # In-sample MAPE 7.8 % (H100) / 7.1 % (B300), leave-one-GPU-out 9.9 % / 8.3 % (results/fp8_constants.json). Not
 # modelled: the B300's M = 1 rows run 3x slower than its M = 2 rows (17.9 vs 5.6 us at N = K = 1024) and come out
-# 57 % fast.
+# 56 % fast.
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
     "hopper": dict(eta_tc=0.698215, i_crit=43.067, k0=98.8068, t_kernel=1.67122e-06, eta_mem=0.920366,
                    t_ramp=3.66308e-07, overlap=3.72319, k_split=65536, q_row=4.32353e-07, q_sm_bw=16898900000.0),
