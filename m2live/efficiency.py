@@ -59,6 +59,9 @@ class ArchConstants:
     combine_rows: int = 0
     attn_row_pad: int = 0  # prefill query rows are padded to this block (0: the kernel packs heads, no padding)
     attn_block_m: int = 128  # query rows per prefill attention CTA
+    # query rows every decode CTA computes, the group's query heads packed as rows (or the one row of plain
+    # multi-head decode) and the rest masked (0: only the useful rows)
+    decode_row_block: int = 0
     cta_slots: int = 4  # decode CTAs resident per SM
     # order in which prefill query tiles reach the SMs: "grid" (a plain grid, each sequence's tiles shortest
     # first: a long tile can be dispatched last) or "lpt" (a persistent scheduler hands out the longest first)
@@ -124,6 +127,10 @@ ARCH: dict[str, ArchConstants] = {
         # whose query block is 64 rows at every head dim (run_mha_fwd_splitkv_dispatch: kBlockM = 64, kBlockN =
         # 128 at head_dim <= 128), not the 128 of its plain forward kernel (A100 prefill 8.9 -> 8.1 % refitted)
         attn_block_m=64,
+        # FA2 decodes with the same split-KV kernel: 64 query rows per CTA, so one query head or 48 on a KV head
+        # cost alike, as the A100 table shows (batch 64, 256 keys: 21.9 us at 2 heads, 26.9 us at 48); A100
+        # decode 8.56 -> 8.33 % with the constants as fitted (refitted 8.31 %)
+        decode_row_block=64,
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
@@ -270,7 +277,7 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmE
     picks (``tile_rule``) — and return its factors.
 
     For each candidate tile (BM, BN): the grid is ceil(M/BM)*ceil(N/BN) CTAs; if that is less than one wave,
-    K is split so the grid fills the SMs (as cuBLAS split-K does for small-M GEMMs). Time in units of
+    K is split so the grid fills the SMs (as cuBLAS split-K does for small-M GEMMs; a fixed dispatch never splits). Time in units of
     "one SM at peak" is waves * BM*BN*(K/split) / (eta_active * eta_duty); the least time wins.
     """
     best: tuple[float, GemmEfficiency] | None = None

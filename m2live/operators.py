@@ -172,6 +172,7 @@ class OpModel:
         rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
         u_max = 0.0  # the longest query tile (one CTA's work) in key positions x rows
         k0 = c.k0_attn
+        k0_full = k0 * (-(-bm // pad) * pad if pad else bm)  # a full tile's prologue/epilogue
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
@@ -185,12 +186,11 @@ class OpModel:
             r = new - p0
             u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
             if nq > 1:
-                p0 -= bm
-                u = max(u, bm * (ctx + p0 + (bm + 1) / 2.0) + k0 * (-(-bm // pad) * pad if padded else bm))
+                u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
             if u > u_max:
                 u_max = u
         flops = 4.0 * heads * head_dim * pairs
-        ovh = 4.0 * heads * head_dim * c.k0_attn * rows
+        ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         wave = self._tile_makespan_fill(ctas * heads, (flops + ovh) / (4.0 * head_dim), u_max)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
@@ -247,16 +247,11 @@ class OpModel:
         t_dram += extra / (self.bw * c.eta_attn_mem)
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
-        if c.split_needs_gqa and c.attn_row_pad:
-            # FA2 decodes with its split-KV kernel: every CTA computes a block of attn_row_pad query rows — the
-            # group's query heads packed as rows, or the one row of plain multi-head decode — the rest masked, and
-            # a grid smaller than the SMs computes on as many SMs as it has CTAs (A100 decode 8.56 -> 8.33 % with
-            # the constants as fitted; refitted 8.31 %)
-            rows = -(-(heads // kv_heads if grouped else 1) // c.attn_row_pad) * c.attn_row_pad
-            flops_run = 4.0 * head_dim * kv_read * (kv_heads if grouped else heads) * rows
-            tc = flops_run / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
-        else:
-            tc = flops / (self.attn_peak * f_clk * c.eta_attn)
+        if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
+            rows = -(-(heads // kv_heads if grouped else 1) // c.decode_row_block) * c.decode_row_block
+            flops = 4.0 * head_dim * kv_read * (kv_heads if grouped else heads) * rows
+        # a grid smaller than the SMs computes on as many SMs as it has CTAs
+        tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
         out = self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
