@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+BENCH_MODEL = REPO / "m2live" / "data" / "models" / "bench-llama"  # the shipped config the plugin benchmarks run
 sys.path.insert(0, str(REPO))
 
 
@@ -43,7 +44,7 @@ def _free_port() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--out", default="results/plugin.json")
-    ap.add_argument("--model", default=str(REPO / "m2live" / "data" / "models" / "bench-llama"))
+    ap.add_argument("--model", default=str(BENCH_MODEL))
     ap.add_argument("--seconds", type=float, default=60.0, help="workload length (arrivals)")
     ap.add_argument("--rate", type=float, default=2.0, help="requests per second")
     ap.add_argument("--warmup", type=int, default=50, help="steps left out of the error figures")

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plugin import REPO, _free_port  # noqa: E402  (bench/plugin.py: the plugin benchmark's repo root and port)
+from plugin import BENCH_MODEL, _free_port  # noqa: E402  (bench/plugin.py: the plugin benchmark's model and port)
 
 
 def child(model: str, requests: int, plugin: bool) -> dict:
@@ -58,7 +58,7 @@ def child(model: str, requests: int, plugin: bool) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--out", default="results/plugin_cost.json")
-    ap.add_argument("--model", default=str(REPO / "m2live" / "data" / "models" / "bench-llama"))
+    ap.add_argument("--model", default=str(BENCH_MODEL))
     ap.add_argument("--requests", type=int, default=48, help="requests in the closed batch")
     ap.add_argument("--pairs", type=int, default=2, help="off/on pairs (runs alternate off, on, on, off, ...)")
     ap.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)

@@ -105,7 +105,7 @@ def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, 
     n = DEFAULT_BUDGET[kind] if budget is None else budget
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CalibrationError(f"--budget must be a positive integer, got {budget!r}")
-    cands = grid_rows(kind, common=True)
+    cands = _grid_rows(kind, True, True)
     return [dict(cands[i]) for i in medoids(kind, min(n, len(cands)))]
 
 
@@ -126,7 +126,7 @@ def shape_features(kind: str, rows: Sequence[dict[str, str]]) -> np.ndarray:
 def medoids(kind: str, n: int, iterations: int = 30) -> tuple[int, ...]:
     """Indices into ``grid_rows(kind, common=True)`` of the medoids of ``n`` k-means clusters of its shapes
     (k-means++ seeding from a fixed seed, then Lloyd's iterations; each centre's nearest shape not yet taken)."""
-    X = shape_features(kind, grid_rows(kind, common=True))
+    X = shape_features(kind, _grid_rows(kind, True, True))
     rng = np.random.default_rng(0)
     centres = [int(rng.integers(len(X)))]
     d2 = ((X - X[centres[0]]) ** 2).sum(axis=1)
@@ -136,15 +136,20 @@ def medoids(kind: str, n: int, iterations: int = 30) -> tuple[int, ...]:
         d2 = np.minimum(d2, ((X - X[i]) ** 2).sum(axis=1))
     cent = X[centres].copy()
     for _ in range(iterations):
-        label = ((X[:, None, :] - cent[None, :, :]) ** 2).sum(axis=-1).argmin(axis=1)
+        label = _sq_dist(X, cent).argmin(axis=1)
         for j in range(n):
             if (label == j).any():
                 cent[j] = X[label == j].mean(axis=0)
-    dist = ((X[:, None, :] - cent[None, :, :]) ** 2).sum(axis=-1)
+    dist = _sq_dist(X, cent)
     out: list[int] = []
     for j in range(n):
         out.append(next(int(i) for i in np.argsort(dist[:, j], kind="stable") if int(i) not in out))
     return tuple(out)
+
+
+def _sq_dist(X: np.ndarray, cent: np.ndarray) -> np.ndarray:
+    """Squared distance of every row of X to every centre: (rows x centres)."""
+    return ((X[:, None, :] - cent[None, :, :]) ** 2).sum(axis=-1)
 
 
 def write_plan(rows: Sequence[dict[str, str]], kind: str, gpu_name: str, out) -> None:
