@@ -62,14 +62,25 @@ NH = 3  # additive host terms: 1, decoding sequences, prefill chunks
 NF = NC + NH  # features per step
 LOG_BOUND = math.log(1e4)  # scales within [1e-4, 1e4]
 LEVEL_STEPS = 8  # the recent level: median log residual of this many steps
+LEVEL_FAST = 4  # a clear shift: this many residuals on one side, each beyond the spread over LEVEL_WINDOW steps
+LEVEL_WINDOW = 32
 CHOOSE_STEPS = 16  # the two candidate models are compared on this many recent out-of-sample errors
 # The window refits share the engine's cores (and the GIL): on a 2-core CPU a tiny Llama's 2.8 ms steps took
 # 4.8-5.6 ms, and varied three times as much from step to step (log-difference 0.14-0.20 against 0.05), while
 # the record thread refitted every step (~2 ms each). A scheduled refit therefore waits until the engine has run
-# REFIT_TIME_RATIO times the last refit's own duration (measured step time since it; so the fits cost the engine
-# at most ~1/REFIT_TIME_RATIO of its time), or until REFIT_MAX_GAP steps passed.
+# REFIT_TIME_RATIO times the last refit's own cost (measured step time since it; so the fits cost the engine
+# at most ~1/REFIT_TIME_RATIO of its time), or until REFIT_MAX_GAP steps passed. The cost is the record thread's
+# own CPU time: its wall time also counts the waits for the GIL while the engine's thread holds it (on a busy
+# 2-core machine several times the fit itself), and gating on that left the warm-up fits eight steps apart.
+# During warm-up (the first WARM_REFIT·min_fit steps) every step refits: the first fits decide the first tens of
+# steps, and there are few of them.
 REFIT_TIME_RATIO = 20.0
 REFIT_MAX_GAP = 8
+WARM_REFIT = 2
+# the host-term model may correct once it has been scored out of sample on this many steps (and keeps doing so
+# only while it is ahead over the last CHOOSE_STEPS): on the real engine the scales alone over-predict the decode
+# steps 2-3x until the host terms take over, and waiting for eight scored steps kept them in use to step 17
+CHOOSE_MIN = 4
 _GEMM = (*GEMM_OPS, "lm_head")
 _ATTN = ("attn_prefill", "attn_decode")
 _HOST = ("host", "sampling")
@@ -236,16 +247,17 @@ class ResidualTracker:
     def _update_level(self) -> None:
         """The fast time scale: the median log residual of the last ``LEVEL_STEPS`` steps against the current
         fit, applied only beyond its own standard error (soft threshold). When the machine's speed shifts under
-        the engine (another tenant starts or stops) the window fit lags by tens of steps and its robust loss
-        treats the first shifted steps as outliers; the level follows within a few steps. On steady steps it
-        stays at 1 (its threshold is the noise of a median of a few residuals), so it adds no noise."""
+        the engine (another tenant starts or stops, or the engine's first steps run slower than its later ones)
+        the window fit lags by tens of steps and its robust loss treats the first shifted steps as outliers; the
+        level follows within a few steps. A clear shift is followed sooner: when the last ``LEVEL_FAST`` residuals
+        all lie on one side, each beyond the residuals' own spread over the last ``LEVEL_WINDOW`` steps (on steady
+        steps: a chance of about 0.16⁴·2 ≈ 1/1500 per step), the level is their median. On steady steps it stays
+        at 1 (its threshold is the noise of a median of a few residuals), so it adds no noise."""
         if self._scales is None:
             self._level = 1.0
             return
         with self._lock:
-            rows = list(self._rows)[-LEVEL_STEPS:]
-        if len(rows) < LEVEL_STEPS // 2:
-            return
+            rows = list(self._rows)[-LEVEL_WINDOW:]
         r = []
         for row in rows:
             est = self._structural_ms(row[:NF])
@@ -254,10 +266,17 @@ class ResidualTracker:
         if len(r) < LEVEL_STEPS // 2:
             self._level = 1.0
             return
-        a = np.array(r)
+        a = np.array(r[-LEVEL_STEPS:])
         med = float(np.median(a))
         se = 1.25 * 1.4826 * float(np.median(np.abs(a - med))) / math.sqrt(len(a))  # s.e. of a median
         shift = math.copysign(max(0.0, abs(med) - 2.0 * se), med)
+        last = np.array(r[-LEVEL_FAST:])
+        if len(r) >= 2 * LEVEL_FAST and (np.all(last > 0) or np.all(last < 0)):
+            w = np.array(r)
+            spread = max(0.02, 1.4826 * float(np.median(np.abs(w - np.median(w)))))
+            fast = float(np.median(last))
+            if float(np.min(np.abs(last))) > spread and abs(fast) > abs(shift):
+                shift = fast
         self._level = math.exp(max(-LOG_BOUND, min(LOG_BOUND, shift)))
 
     def correct(self, prediction: Prediction, step: Step) -> float:
@@ -325,11 +344,12 @@ class ResidualTracker:
         every = 1 if self.n <= 4 * self.min_fit else 4 if self.n <= 128 else self.refit_every
         self._since_ms += m_ms
         if (self.n % every == 0 or self.n < self.min_fit) and (
-                self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
+                self.n <= WARM_REFIT * self.min_fit
+                or self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
                 or self.n - self._refit_n >= max(REFIT_MAX_GAP, every)):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             self._refit()
-            self._refit_ms = 1e3 * (time.perf_counter() - t0)
+            self._refit_ms = 1e3 * (time.thread_time() - t0)
             self._since_ms, self._refit_n = 0.0, self.n
         self._choose()
         self._update_level()
@@ -341,7 +361,7 @@ class ResidualTracker:
         ``CHOOSE_STEPS`` steps both models predicted before learning from them) is clearly lower."""
         with self._lock:
             rows = [r for r in list(self._rows)[-CHOOSE_STEPS:] if not (math.isnan(r[NF + 3]) or math.isnan(r[NF + 4]))]
-        if self._host_terms is None or len(rows) < CHOOSE_STEPS // 2:
+        if self._host_terms is None or len(rows) < CHOOSE_MIN:
             self._use_host = False
             return
         e_s = float(np.median([abs(r[NF + 3]) for r in rows]))
