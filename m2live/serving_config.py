@@ -18,6 +18,13 @@ GIB = 1024**3
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
+
+
+def cached_prefix(prompt_tokens: int, block_size: int) -> int:
+    """Tokens of a prompt found in vLLM's prefix cache when the same prompt ran before: its full blocks, but
+    never the last token (``KVCacheManager.get_computed_blocks`` caps a hit at the request's tokens - 1, since
+    the last one must run to sample)."""
+    return max(0, (prompt_tokens - 1) // block_size * block_size)
 FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
 FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
 
@@ -68,6 +75,10 @@ class ServingConfig:
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
+    # vllm bench serve sends the first request's prompt once before the timed run ("initial single prompt test
+    # run", benchmarks/serve.py), and vLLM V1 caches prefixes by default: the first timed request finds its
+    # prompt's full blocks cached and prefills only the rest (at least its last token). Off: no such run.
+    test_run_cached: bool = True
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",

@@ -19,7 +19,8 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
   starts, so a request arriving during a step is seen one step later), off on the CPU backend.
 
 The client (``Engine._send``): ``concurrency`` requests sent at once, each finished request replaced by the next
-at once; a request needs ``frontend_s`` between client and engine each way and ``frontend_service_s`` of the
+at once; the first request's prompt prefix may be in the prefix cache already (``first_cached`` tokens: the
+benchmark's untimed test run sent that prompt before); a request needs ``frontend_s`` between client and engine each way and ``frontend_service_s`` of the
 API server's serial work, so a burst reaches the engine spread out. Runs of pure-decode steps between events (an
 arrival, a finish, a KV block shortage) are advanced in one go (``Engine._decode_run``): their times are the
 timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
@@ -64,7 +65,8 @@ class Engine:
     def __init__(self, timer: Callable[[tuple, int, int], float], prompts: np.ndarray, outputs: np.ndarray,
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
-                 frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False):
+                 frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False,
+                 first_cached: int = 0):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -84,6 +86,8 @@ class Engine:
         self.fast_forward = fast_forward
         n = self.n
         self.computed = np.zeros(n, dtype=np.int64)
+        if n and first_cached > 0:  # the first request's prompt prefix found in the prefix cache
+            self.computed[0] = min(int(first_cached), int(self.prompt[0]) - 1)
         self.outputs = np.zeros(n, dtype=np.int64)
         self.blocks = np.zeros(n, dtype=np.int64)
         self.t_send = np.full(n, np.nan)

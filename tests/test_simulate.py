@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ TINY = os.path.join(os.path.dirname(__file__), "..", "m2live", "data", "models",
 # token, finished requests are replaced at once (the closed loop), exactly what Engine does ----------------
 class VllmLoop:
     def __init__(self, prompts: list[int], outputs: list[int], concurrency: int, budget: int, max_seqs: int,
-                 blocks: int, block_size: int = 16):
+                 blocks: int, block_size: int = 16, test_run: bool = False):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -34,7 +35,8 @@ class VllmLoop:
         mc = ModelConfig(model=TINY, skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16")
         sc = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=4096,
                              is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=False)
-        cc = CacheConfig(block_size=block_size, enable_prefix_caching=False)
+        # prefix caching only with the benchmark's test run (the one prompt that repeats)
+        cc = CacheConfig(block_size=block_size, enable_prefix_caching=test_run)
         cc.num_gpu_blocks = blocks + 1  # + vLLM's null block
         vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
@@ -42,19 +44,35 @@ class VllmLoop:
                            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         self.s = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
                            block_size=block_size, log_stats=False)
+        self.hasher = None
+        if test_run:  # what EngineCore gives every request when prefix caching is on
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
+            init_none_hash(fn)
+            self.hasher = get_request_block_hasher(block_size, fn)
         self.prompts, self.outputs = prompts, outputs
         self.sent = 0
+        self.closed_loop = False
+        if test_run:  # vllm bench serve's untimed test run: the first request's prompt, run to the end first
+            self._add("test", 0)
+            self.run()
+        self.closed_loop = True
         for _ in range(min(concurrency, len(prompts))):
             self._send()
 
-    def _send(self) -> None:
+    def _add(self, rid: str, i: int) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        i = self.sent
+        self.s.add_request(Request(rid, [1 + (i * 7 + j) % 4000 for j in range(self.prompts[i])],
+                                   SamplingParams(max_tokens=self.outputs[i], ignore_eos=True), None,
+                                   block_hasher=self.hasher))
+
+    def _send(self) -> None:
+        self._add(str(self.sent), self.sent)
         self.sent += 1
-        self.s.add_request(Request(str(i), [1 + (i * 7 + j) % 4000 for j in range(self.prompts[i])],
-                                   SamplingParams(max_tokens=self.outputs[i], ignore_eos=True), None))
 
     def run(self, max_steps: int = 10_000) -> list[tuple[dict[int, int], set[int]]]:
         from vllm.v1.outputs import ModelRunnerOutput
@@ -70,13 +88,13 @@ class VllmLoop:
                 continue
             reqs = self.s.requests
             sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else [] for r in ids]
-            steps.append(({int(r): n for r, n in out.num_scheduled_tokens.items()},
+            steps.append(({r if r == "test" else int(r): n for r, n in out.num_scheduled_tokens.items()},
                           {int(r) for r in out.preempted_req_ids}))
             before = len(reqs)
             self.s.update_from_output(out, ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled))
             for _ in range(before - len(self.s.requests)):  # finished requests leave; the client sends the next
-                if self.sent < len(self.prompts):
+                if self.closed_loop and self.sent < len(self.prompts):
                     self._send()
         return steps
 
@@ -147,6 +165,34 @@ def test_preemption_matches_vllm_on_random_tight_caches(vllm_available):
         assert eng.st.preemptions == sum(len(p) for _, p in want)
         preempting += eng.st.preemptions > 0
     assert preempting >= 10  # the cases do exercise preemption
+
+
+@pytest.mark.parametrize("prompt,block", [(512, 128), (513, 128), (100, 16), (16, 16), (17, 16), (5, 16)])
+def test_the_test_runs_prompt_is_a_prefix_cache_hit_as_in_vllm(vllm_available, prompt, block):
+    """vllm bench serve's untimed test run sends the first request's prompt first: with prefix caching (vLLM V1's
+    default) the first timed request then prefills only what is not in full cached blocks, never less than its
+    last token — cached_prefix, checked against vLLM's own scheduler and KV-cache manager."""
+    from m2live.simulate import cached_prefix
+
+    prompts, outputs = [prompt, 40, 60], [3, 3, 3]
+    got = VllmLoop(prompts, outputs, 2, 1024, 8, 200, block, test_run=True).run()
+    assert got[0][0] == {0: prompt - cached_prefix(prompt, block), 1: 40}
+    eng = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), 2, 1024, 8, 200, block,
+                 first_cached=cached_prefix(prompt, block))
+    eng.trace = []
+    eng.run()
+    assert dict(eng.trace[0]["sched"]) == got[0][0]
+    assert eng.trace[0]["prefills"][0] == (prompt - cached_prefix(prompt, block), cached_prefix(prompt, block))
+
+
+def test_the_test_runs_cache_hit_shortens_the_first_ttft_only():
+    cfg = ServingConfig(concurrency=1, num_prompts=4)
+    hit = simulate(L8, "h100-sxm", 1, 4096, 32, cfg, keep_requests=True)
+    cold = simulate(L8, "h100-sxm", 1, 4096, 32, replace(cfg, test_run_cached=False), keep_requests=True)
+    assert hit.ttft_ms < cold.ttft_ms
+    h, c = hit.per_request["ttft_ms"], cold.per_request["ttft_ms"]
+    assert h[0] < 0.5 * c[0]
+    np.testing.assert_allclose(h[1:], c[1:], rtol=0.02)
 
 
 # ---- the engine's own rules, without vLLM ------------------------------------------------------------------
