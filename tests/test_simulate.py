@@ -279,6 +279,11 @@ def test_cli_single_and_json(capsys):
     assert rc == 0 and d["ttft_ms"] > 0 and d["tpot_ms"] > 0 and d["output_tokens_per_s"] > 0
     assert d["assumptions"]["max_num_batched_tokens"] == 8192 and d["assumptions"]["num_prompts"] == 80
     assert d["steps"]["steps"] > 64 and 0 < d["steps"]["prefill_token_share"] < 1
+    assert d["assumptions"]["prefix_caching_hits"]  # the benchmark's test run, by default
+    rc = main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "64", "--concurrency",
+               "8", "--json", "--no-test-run"])
+    cold = json.loads(capsys.readouterr().out)
+    assert rc == 0 and cold["assumptions"]["prefix_caching_hits"] is False and cold["ttft_ms"] > d["ttft_ms"]
 
 
 def test_batch_csv_roundtrip(tmp_path, capsys):

@@ -68,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
+    p.add_argument("--no-test-run", action="store_true",
+                   help="the benchmark sent no untimed test request first (vllm bench serve "
+                        "--ready-check-timeout-sec 0) or the server caches no prefixes: the first request's "
+                        "prompt is not in the prefix cache (default: it is)")
     p.add_argument("--calibration", metavar="CAL.json", help="a GPU calibration from 'm2live calibrate fit'")
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
@@ -112,7 +116,7 @@ def _nonneg_float(text: object, what: str) -> float:
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
-            calibration: str | None = None) -> ServingResult:
+            calibration: str | None = None, test_run: bool = True) -> ServingResult:
     if precision not in ("bf16", "fp8"):
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
     gpu, constants = _device(gpu_name, model)
@@ -135,7 +139,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         if kv_tokens < 1:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
-                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock,
+                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
@@ -157,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
                 None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
-                args.clock, args.calibration)
+                args.clock, args.calibration, not args.no_test_run)
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -188,7 +192,7 @@ def print_result(r: ServingResult) -> None:
     c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
             f"{'on' if a['async_scheduling'] else 'off'}, clock {a['clock']}, frontend "
-            f"{a['frontend_ms_each_way']:g} ms each way")
+            f"{a['frontend_ms_each_way']:g} ms each way, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -211,7 +215,7 @@ def run_batch(args: argparse.Namespace) -> int:
                         (row.get("precision") or "bf16").lower(),
                         _opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
                         _opt_int(row.get("max_num_seqs"), "max_num_seqs"), clock=args.clock,
-                        calibration=args.calibration)
+                        calibration=args.calibration, test_run=not args.no_test_run)
         except (ValueError, KeyError, OSError) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
             raise SimulationError(f"{where}: {msg}") from None
