@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               "install it with `pip install -e '.[vllm]'`", file=sys.stderr)
         return 2
     gpu = cuda_available()
-    model = args.model or str(MODELS / ("bench-llama" if not gpu else "bench-llama"))
+    model = args.model or str(MODELS / "bench-llama")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.jsonl"

@@ -109,11 +109,19 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                      kv_tokens, bs, keep_requests)
 
 
+MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums
+
+
 def _lengths(x: int | Sequence[int], n: int, what: str) -> np.ndarray:
-    arr = np.atleast_1d(np.asarray(x))
-    if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
-        raise SimulationError(f"{what} must be positive integers")
-    return np.resize(arr.astype(np.int64), n)
+    vals = [x] if isinstance(x, (int, np.integer)) else list(x)
+    if not vals:
+        raise SimulationError(f"{what}: no length given")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise SimulationError(f"{what} must be positive integers, got {v!r}")
+        if v > MAX_LENGTH:
+            raise SimulationError(f"{what} {v} is beyond any model's context (at most {MAX_LENGTH})")
+    return np.resize(np.array(vals, dtype=np.int64), n)
 
 
 __all__ = [  # every name m2live.simulate offered before the split
