@@ -50,6 +50,9 @@ class ArchConstants:
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
     k_split: float = 512.0  # shortest K slice the library's split-K kernels hand one CTA (split <= K / k_split)
     t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
+    # split-KV decode merged inside the kernel (decode_split_rule "trtllm"): the sequence's last CTA folds in the
+    # splits' partial results one after another, t_merge each (s)
+    t_merge: float = 0.0
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
@@ -63,6 +66,14 @@ class ArchConstants:
     # multi-head decode) and the rest masked (0: only the useful rows)
     decode_row_block: int = 0
     cta_slots: int = 4  # decode CTAs resident per SM
+    # how the decode kernel splits the KV: "flash" (FlashAttention's rule, decode_splits) or "trtllm" (FlashInfer's
+    # TRT-LLM generation kernels, computeCtaAndClusterConfig: as many splits as leave one CTA per SM, at most one
+    # per KV tile, merged in the kernel: t_merge per split)
+    decode_split_rule: str = "flash"
+    # ((query tile, relative cost of the main loop per KV token), ...): the decode kernel packs a KV head's query
+    # heads into a tile of the smallest listed size that holds them, and a larger tile slows each CTA's pass over
+    # its KV (its stream rate is cta_bw / cost). Empty: one rate for every group size
+    decode_tile_cost: tuple[tuple[int, float], ...] = ()
     # order in which prefill query tiles reach the SMs: "grid" (a plain grid, each sequence's tiles shortest
     # first: a long tile can be dispatched last) or "lpt" (a persistent scheduler hands out the longest first)
     attn_tile_order: str = "grid"
@@ -143,8 +154,17 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
         t_ramp=7.20521e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.8873,
-        item_cost=1.593e-06, block_cost=2.00693e-06, cta_bw=6.08e+10, t_split=6.66e-07,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.860941,
+        item_cost=1.59038e-06, block_cost=2.00693e-06, cta_bw=7.40293e+10, t_split=0.0, t_merge=5.82844e-08,
+        # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
+        # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
+        decode_split_rule="trtllm",
+        # TRT-LLM's own cost model of its generation kernels' main loop by query tile (kernelMainloopCost in
+        # fmhaKernels.h's selectTileSizeQForGqaGeneration): 8 rows 1.0, 16 1.2, 32 1.48, 64 1.68, 128 2.2.
+        # (eta_attn_mem, item_cost, cta_bw, t_merge refitted with both, bench/fit_constants.py --gpus b300_sxm
+        # --groups attention --only item_cost,cta_bw,t_split,t_merge,eta_attn_mem: B300 decode 8.18 -> 7.15 %;
+        # the split rule alone with t_split per split 7.35 %, the tile cost 7.28 % before the refit)
+        decode_tile_cost=((8, 1.0), (16, 1.2), (32, 1.48), (64, 1.68), (128, 2.2)),
         # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
         # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300
         # prefill 13.8 % with no padding, 12.0 % with 128)
@@ -186,7 +206,7 @@ ARCH["cpu"] = ArchConstants(
 FITTED_GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split", "t_relayout"),
+                  "cta_bw", "t_split", "t_merge", "t_relayout"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 

@@ -208,8 +208,11 @@ class OpModel:
 
         ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
         split]); when the items cannot fill the SMs, the KV is split (flash-decoding, ``decode_splits``) and a
-        combine kernel merges the parts (t_split; on FA2 also the fp32 partial outputs it writes and reads back) — except where the kernel splits only grouped-query heads
-        (FlashAttention-2: plain multi-head decode runs one CTA per sequence x head over its whole cache). The
+        combine kernel merges the parts (t_split; on FA2 also the fp32 partial outputs it writes and reads back) —
+        except where the kernel splits only grouped-query heads (FlashAttention-2: plain multi-head decode runs one
+        CTA per sequence x head over its whole cache), and where it has a rule of its own (``decode_split_rule``
+        "trtllm", FlashInfer's TRT-LLM kernels: SMs // items splits, at most one per KV block, merged in the
+        kernel at t_merge per split; a larger query tile slows each CTA's pass, ``decode_tile_cost``). The
         body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
         most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
         resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
@@ -223,11 +226,14 @@ class OpModel:
         sms = self.gpu.sms
         grouped = heads > kv_heads
         split = 1
-        if grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
-            split = decode_splits(items, -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK), sms)
+        kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
+        if c.decode_split_rule == "trtllm":
+            split = max(1, min(kv_blocks, sms // items))
+        elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
+            split = decode_splits(items, kv_blocks, sms)
         ctas = items * split
         t_items = items * c.item_cost / sms
-        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split if split > 1 else 0.0)
+        t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
         if split > 1 and c.combine_rows:
             # each split CTA loads q and writes its fp32 partial output; the combine kernel reads them back in CTAs
@@ -245,7 +251,11 @@ class OpModel:
             t_dram = min(t_dram, self.l2_time(nbytes))
         nbytes += extra
         t_dram += extra / (self.bw * c.eta_attn_mem)
-        t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * c.cta_bw))
+        cta_bw = c.cta_bw
+        if c.decode_tile_cost:  # the query tile that holds one KV head's query heads sets a CTA's pace
+            group = heads // kv_heads if grouped else 1
+            cta_bw /= next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
+        t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
             rows = -(-(heads // kv_heads if grouped else 1) // c.decode_row_block) * c.decode_row_block

@@ -224,6 +224,36 @@ def test_fa2_decode_does_not_split_plain_multi_head_attention():
     assert h100.decode_attention(16383, 1, 8, 8, 128).t < 1.5 * h100.decode_attention(16383, 1, 64, 8, 128).t
 
 
+@pytest.mark.parametrize("ctx, b, kv, splits", [(131071, 1, 1, 148), (131071, 1, 8, 18), (1023, 1, 1, 8),
+                                                 (131071, 16, 8, 1), (131071, 2, 4, 18), (255, 1, 1, 2)])
+def test_trtllm_decode_splits_by_flashinfers_rule(ctx, b, kv, splits):
+    """The B300's decode kernel (FlashInfer's TRT-LLM generation kernel) splits each sequence's KV over
+    min(KV blocks, SMs // (sequences x KV heads)) CTAs (computeCtaAndClusterConfig), never FlashAttention's
+    wave-fill rule, and merges the splits in the kernel at t_merge each: the time moves by t_merge x splits."""
+    from dataclasses import replace
+
+    from m2live.predictor import OpModel
+
+    om = OpModel("NVIDIA B300 SXM6 AC")
+    assert om.c.decode_split_rule == "trtllm" and om.gpu.sms == 148
+    base = OpModel("NVIDIA B300 SXM6 AC", constants=replace(om.c, t_merge=0.0))
+    more = OpModel("NVIDIA B300 SXM6 AC", constants=replace(om.c, t_merge=1e-6))
+    dt = more.decode_attention(b * ctx, b, 8 * kv, kv, 128).t - base.decode_attention(b * ctx, b, 8 * kv, kv, 128).t
+    assert dt == pytest.approx(splits * 1e-6 if splits > 1 else 0.0, abs=1e-12)
+
+
+def test_trtllm_decode_larger_query_tiles_are_never_faster():
+    """TRT-LLM's generation kernels pack one KV head's query heads into a tile of 8/16/32/64 rows; its own cost
+    model has the main loop slow with the tile (1.0 / 1.2 / 1.48 / 1.68): at the same KV bytes a larger group is
+    never faster."""
+    from m2live.predictor import OpModel
+
+    om = OpModel("NVIDIA B300 SXM6 AC")
+    for b, ctx in ((1, 131071), (4, 16383), (64, 1023)):
+        t = [om.decode_attention(b * (ctx + 1), b, g, 1, 128).t for g in (1, 8, 16, 32, 64)]
+        assert t == sorted(t) and t[-1] > t[0], (b, ctx, t)
+
+
 def test_leave_one_gpu_out_transfers_fitted_numbers_not_kernel_facts():
     from m2live.efficiency import ARCH, FITTED, transfer
 
