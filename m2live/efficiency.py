@@ -154,16 +154,17 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
         t_ramp=7.20521e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.860941,
-        item_cost=1.59038e-06, block_cost=2.00693e-06, cta_bw=7.40293e+10, t_split=0.0, t_merge=5.82844e-08,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.861846,
+        item_cost=1.57828e-06, block_cost=2.00693e-06, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
         # TRT-LLM's own cost model of its generation kernels' main loop by query tile (kernelMainloopCost in
-        # fmhaKernels.h's selectTileSizeQForGqaGeneration): 8 rows 1.0, 16 1.2, 32 1.48, 64 1.68, 128 2.2.
+        # fmhaKernels.h's selectTileSizeQForGqaGeneration): 8 rows 1.0, 16 1.2, 32 1.48, 64 1.68, 128 2.2; it
+        # scales a CTA's KV stream rate and its work item's fixed cost alike.
         # (eta_attn_mem, item_cost, cta_bw, t_merge refitted with both, bench/fit_constants.py --gpus b300_sxm
-        # --groups attention --only item_cost,cta_bw,t_split,t_merge,eta_attn_mem: B300 decode 8.18 -> 7.15 %;
-        # the split rule alone with t_split per split 7.35 %, the tile cost 7.28 % before the refit)
+        # --groups attention --only item_cost,cta_bw,t_merge,eta_attn_mem: B300 decode 8.18 -> 6.06 %; the split
+        # rule alone 7.35 %, the tile cost on the stream 7.15 %, on the item cost too 6.08 % before this refit)
         decode_tile_cost=((8, 1.0), (16, 1.2), (32, 1.48), (64, 1.68), (128, 2.2)),
         # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
         # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300

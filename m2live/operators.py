@@ -232,7 +232,11 @@ class OpModel:
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
             split = decode_splits(items, kv_blocks, sms)
         ctas = items * split
-        t_items = items * c.item_cost / sms
+        tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
+        if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
+            group = heads // kv_heads if grouped else 1
+            tile_cost = next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
+        t_items = items * c.item_cost * tile_cost / sms
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
         if split > 1 and c.combine_rows:
@@ -251,10 +255,7 @@ class OpModel:
             t_dram = min(t_dram, self.l2_time(nbytes))
         nbytes += extra
         t_dram += extra / (self.bw * c.eta_attn_mem)
-        cta_bw = c.cta_bw
-        if c.decode_tile_cost:  # the query tile that holds one KV head's query heads sets a CTA's pace
-            group = heads // kv_heads if grouped else 1
-            cta_bw /= next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
+        cta_bw = c.cta_bw / tile_cost
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
