@@ -29,6 +29,7 @@ from .efficiency import (
     clock_ratio,
     constants_for,
     decode_splits,
+    fa3_splits,
     gemm_efficiency,
 )
 from .hardware import GpuSpec, get_gpu
@@ -158,7 +159,8 @@ class OpModel:
         CTAs are (sequence, head, block of BM queries); a CTA's main loop runs over its keys, against a fixed
         prologue/epilogue worth k0_attn keys for each of its query rows (eta_duty) — rows padded to the kernel's
         row block where it does not pack query heads into one tile (FlashAttention-2). Short chunks are
-        latency- and duty-bound.
+        latency- and duty-bound. Where the kernel splits the KV of a grid too small for the SMs (FA3,
+        ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, plus one combine.
         """
         c = self.c
         if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
@@ -192,7 +194,14 @@ class OpModel:
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
-        wave = self._tile_makespan_fill(ctas * heads, (flops + ovh) / (4.0 * head_dim), u_max)
+        split = 1
+        if c.prefill_split:  # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
+            group = heads // kv_heads
+            mblocks = (sum(-(-new * group // bm) for new, _ in seqs) * kv_heads if group > 1
+                       else ctas * heads)
+            n_blocks = -(-max(ctx + new for new, ctx in seqs) // DECODE_KEY_BLOCK)
+            split = fa3_splits(mblocks, n_blocks, self.gpu.sms)
+        wave = self._tile_makespan_fill(ctas * heads * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         tm = nbytes / (self.bw * c.eta_attn_mem)
@@ -200,7 +209,8 @@ class OpModel:
         tc += t_items
         tm += t_items
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
-                                   "eta_mem": c.eta_attn_mem}, self._cache_write(kv_heads, head_dim, q_tokens))
+                                   "eta_mem": c.eta_attn_mem}, self._cache_write(kv_heads, head_dim, q_tokens)
+                          + (c.t_split if split > 1 else 0.0))
 
     def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
                          head_dim: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:

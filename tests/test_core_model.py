@@ -254,6 +254,28 @@ def test_trtllm_decode_larger_query_tiles_are_never_faster():
         assert t == sorted(t) and t[-1] > t[0], (b, ctx, t)
 
 
+def test_fa3_prefill_splits_the_kv_of_a_small_grid():
+    """FA3 (H100) splits the KV of a prefill whose query tiles leave the SMs idle (hopper/heuristics.h): none once
+    they fill 80 % of the SMs or the KV is four blocks or fewer; a 2048-token prompt over four heads (64 query
+    tiles on 132 SMs) is then faster than unsplit, and a full grid is never split."""
+    from m2live.efficiency import fa3_splits
+    from m2live.predictor import OpModel
+
+    assert fa3_splits(120, 64, 132) == 1 and fa3_splits(8, 4, 132) == 1
+    s = fa3_splits(8, 64, 132)
+    assert 1 < s <= 64 and 8 * s >= 0.85 * 0.8 * 132
+    h100 = OpModel("NVIDIA H100 80GB HBM3")
+    assert h100.c.prefill_split and not OpModel("NVIDIA A100-SXM4-80GB").c.prefill_split
+    from dataclasses import replace
+
+    unsplit = OpModel("NVIDIA H100 80GB HBM3", constants=replace(h100.c, prefill_split=False))
+    assert h100.prefill_attention([(2048, 0)], 4, 4, 128).t < unsplit.prefill_attention([(2048, 0)], 4, 4, 128).t
+    # eight query heads on one KV head pack into 128 tiles: enough, no split
+    assert h100.prefill_attention([(2048, 0)], 8, 1, 128).t == unsplit.prefill_attention([(2048, 0)], 8, 1, 128).t
+    big = [(2048, 0)] * 16  # 16 x 8 heads x 16 query tiles: no split, the same time
+    assert h100.prefill_attention(big, 8, 8, 128).t == unsplit.prefill_attention(big, 8, 8, 128).t
+
+
 def test_leave_one_gpu_out_transfers_fitted_numbers_not_kernel_facts():
     from m2live.efficiency import ARCH, FITTED, transfer
 

@@ -159,9 +159,13 @@ def test_prefill_grid_fill_bounds_and_causal_tail(gpu):
         assert t.t >= prev
         prev = t.t
     # one head, 2048 tokens: 8-32 tiles (the kernel's query block) on >= 108 SMs, so the kernel lasts as long as
-    # its last (longest) tile
-    one = om.prefill_attention([(2048, 0)], 1, 1, 128)
+    # its last (longest) tile — unless it splits the KV of so small a grid (FA3), which then fills more SMs
+    unsplit = OpModel(get_gpu(gpu), constants=replace(om.c, prefill_split=False))
+    one = unsplit.prefill_attention([(2048, 0)], 1, 1, 128)
     assert one.factors["eta_wave"] < -(-2048 // om.c.attn_block_m) / om.gpu.sms  # below the equal-tile fill
+    if om.c.prefill_split:
+        split = om.prefill_attention([(2048, 0)], 1, 1, 128)
+        assert split.factors["eta_wave"] > one.factors["eta_wave"] and split.t < one.t
     lpt = OpModel(get_gpu(gpu), constants=replace(om.c, attn_tile_order="lpt"))
     for b, isl, h in ((1, 4096, 32), (4, 1024, 8), (64, 512, 32)):
         assert lpt.prefill_attention([(isl, 0)] * b, h, 8 if h >= 8 else h, 128).t <= \
