@@ -349,13 +349,10 @@ def _fewest_good_splits(items: int, hi: int, sms: int) -> int:
 
 
 def fa3_splits(mblocks: int, n_blocks: int, sms: int, max_splits: int = 128) -> int:
-    """FlashAttention-3's KV split for one forward call (hopper/heuristics.h num_splits_heuristic): none once the
-    query tiles (sequences x heads x query blocks, query heads packed per KV head) fill 80 % of the SMs or the KV
-    is at most four blocks; else the fewest splits (at most one per KV block, the SM count, 128) whose last wave
-    is within 85 % of the best achievable fill."""
-    if mblocks <= 0 or mblocks >= 0.8 * sms or n_blocks <= 4:
-        return 1
-    return _fewest_good_splits(mblocks, max(1, min(sms, n_blocks, max_splits)), sms)
+    """FlashAttention-3's KV split for one forward call (hopper/heuristics.h num_splits_heuristic): the
+    flash-decoding rule (``decode_splits``) over its query tiles (sequences x heads x query blocks, query heads
+    packed per KV head), except that a KV of at most four blocks is never split."""
+    return 1 if n_blocks <= 4 else decode_splits(mblocks, n_blocks, sms, max_splits)
 
 
 def attention_wave(ctas: int, sms: int) -> float:

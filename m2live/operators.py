@@ -175,12 +175,17 @@ class OpModel:
         u_max = 0.0  # the longest query tile (one CTA's work) in key positions x rows
         k0 = c.k0_attn
         k0_full = k0 * (-(-bm // pad) * pad if pad else bm)  # a full tile's prologue/epilogue
+        group = heads // kv_heads
+        packed = 0  # query tiles with a KV head's query heads packed as rows (FA3's split rule counts those)
+        kv_max = 0
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
             kv_tokens += ctx + new
             nq = -(-new // bm)
             ctas += nq
+            packed += -(-new * group // bm)
+            kv_max = max(kv_max, ctx + new)
             padded = pad and new > 1
             rows += -(-new // pad) * pad if padded else new
             # the longest tile is one of the last two (the last one may be short)
@@ -194,13 +199,8 @@ class OpModel:
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
-        split = 1
-        if c.prefill_split:  # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
-            group = heads // kv_heads
-            mblocks = (sum(-(-new * group // bm) for new, _ in seqs) * kv_heads if group > 1
-                       else ctas * heads)
-            n_blocks = -(-max(ctx + new for new, ctx in seqs) // DECODE_KEY_BLOCK)
-            split = fa3_splits(mblocks, n_blocks, self.gpu.sms)
+        # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
+        split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self.gpu.sms) if c.prefill_split else 1
         wave = self._tile_makespan_fill(ctas * heads * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
@@ -235,6 +235,7 @@ class OpModel:
         items = n_seqs * kv_heads
         sms = self.gpu.sms
         grouped = heads > kv_heads
+        group = heads // kv_heads if grouped else 1  # query heads per CTA (plain multi-head: one)
         split = 1
         kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
         if c.decode_split_rule == "trtllm":
@@ -244,7 +245,6 @@ class OpModel:
         ctas = items * split
         tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
         if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
-            group = heads // kv_heads if grouped else 1
             tile_cost = next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
         t_items = items * c.item_cost * tile_cost / sms
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
@@ -269,7 +269,7 @@ class OpModel:
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
-            rows = -(-(heads // kv_heads if grouped else 1) // c.decode_row_block) * c.decode_row_block
+            rows = -(-group // c.decode_row_block) * c.decode_row_block
             flops = 4.0 * head_dim * kv_read * (kv_heads if grouped else heads) * rows
         # a grid smaller than the SMs computes on as many SMs as it has CTAs
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))

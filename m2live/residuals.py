@@ -226,9 +226,13 @@ class ResidualTracker:
         self._lock = threading.Lock()  # guards the window between update() and readers on other threads
 
     # --- estimates --------------------------------------------------------------------------------
+    def _model(self, host: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """One candidate model's (per-class scales, additive host terms): scales only, or with host terms."""
+        return (self._scales_h, self._host_terms) if host else (self._scales, None)
+
     def _model_ms(self, x: tuple[float, ...] | np.ndarray, host: bool) -> float | None:
         """One candidate model's estimate (ms): scales only, or scales with host terms."""
-        s, h = (self._scales_h, self._host_terms) if host else (self._scales, None)
+        s, h = self._model(host)
         if s is None:
             return None
         est = float(s[0] * x[0] + s[1] * x[1] + s[2] * x[2] + s[3] * x[3])
@@ -257,23 +261,21 @@ class ResidualTracker:
             self._level = 1.0
             return
         with self._lock:
-            rows = list(self._rows)[-LEVEL_WINDOW:]
-        r = []
-        for row in rows:
-            est = self._structural_ms(row[:NF])
-            if est is not None:
-                r.append(math.log(row[NF] / est))
+            rows = np.array(list(self._rows)[-LEVEL_WINDOW:], dtype=float).reshape(-1, NF + 6)
+        s, h = self._model(self._use_host)
+        est = rows[:, :NC] @ s + (rows[:, NC:NF] @ h if h is not None else 0.0)  # _structural_ms, row by row
+        ok = est > 0
+        r = np.log(rows[ok, NF] / est[ok])
         if len(r) < LEVEL_STEPS // 2:
             self._level = 1.0
             return
-        a = np.array(r[-LEVEL_STEPS:])
+        a = r[-LEVEL_STEPS:]
         med = float(np.median(a))
         se = 1.25 * 1.4826 * float(np.median(np.abs(a - med))) / math.sqrt(len(a))  # s.e. of a median
         shift = math.copysign(max(0.0, abs(med) - 2.0 * se), med)
-        last = np.array(r[-LEVEL_FAST:])
+        last = r[-LEVEL_FAST:]
         if len(r) >= 2 * LEVEL_FAST and (np.all(last > 0) or np.all(last < 0)):
-            w = np.array(r)
-            spread = max(0.02, 1.4826 * float(np.median(np.abs(w - np.median(w)))))
+            spread = max(0.02, 1.4826 * float(np.median(np.abs(r - np.median(r)))))
             fast = float(np.median(last))
             if float(np.min(np.abs(last))) > spread and abs(fast) > abs(shift):
                 shift = fast
@@ -429,7 +431,7 @@ class ResidualTracker:
         def med_abs(col: int) -> float | None:
             return float(np.median(np.abs(a[:, col]))) if k else None
 
-        s, h = (self._scales_h, self._host_terms) if self._use_host else (self._scales, None)
+        s, h = self._model(self._use_host)
         host_floor = None
         if s is not None and k:
             # what the lightest step in the window costs the host: its scaled host prior plus the additive floor

@@ -18,6 +18,12 @@ GIB = 1024**3
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
+FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
+FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
+
+
+class SimulationError(ValueError):
+    """A serving configuration that cannot run (weights do not fit, bad counts)."""
 
 
 def cached_prefix(prompt_tokens: int, block_size: int) -> int:
@@ -25,12 +31,6 @@ def cached_prefix(prompt_tokens: int, block_size: int) -> int:
     never the last token (``KVCacheManager.get_computed_blocks`` caps a hit at the request's tokens - 1, since
     the last one must run to sample)."""
     return max(0, (prompt_tokens - 1) // block_size * block_size)
-FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
-FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
-
-
-class SimulationError(ValueError):
-    """A serving configuration that cannot run (weights do not fit, bad counts)."""
 
 
 # ---- vLLM's defaults ----------------------------------------------------------------------------------------

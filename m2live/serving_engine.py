@@ -20,8 +20,8 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
 
 The client (``Engine._send``): ``concurrency`` requests sent at once, each finished request replaced by the next
 at once; the first request's prompt prefix may be in the prefix cache already (``first_cached`` tokens: the
-benchmark's untimed test run sent that prompt before); a request needs ``frontend_s`` between client and engine each way and ``frontend_service_s`` of the
-API server's serial work, so a burst reaches the engine spread out. Runs of pure-decode steps between events (an
+benchmark's untimed test run sent that prompt before); a request needs ``frontend_s`` between client and engine
+each way and ``frontend_service_s`` of the API server's serial work, so a burst reaches the engine spread out. Runs of pure-decode steps between events (an
 arrival, a finish, a KV block shortage) are advanced in one go (``Engine._decode_run``): their times are the
 timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
 """

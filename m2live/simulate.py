@@ -128,6 +128,6 @@ __all__ = [  # every name m2live.simulate offered before the split
     "BLOCK_SIZE", "CPU_BLOCK_SIZE", "DEFAULT_PROMPTS_PER_CONCURRENCY", "FRONTEND_S", "FRONTEND_SERVICE_S", "GIB",
     "SEGMENT_SAMPLES", "BatchStep", "Engine", "EngineStats", "GpuSpec", "HostConstants", "ModelShape",
     "Prediction", "Predictor", "ServingConfig", "ServingResult", "SimulationError", "Step", "StepTimer", "bounds",
-    "cached_prefix", "cuda_graph_capture_max", "get_gpu", "get_model", "kv_capacity", "make_predictor", "simulate", "summarize",
-    "vllm_batch_defaults",
+    "cached_prefix", "cuda_graph_capture_max", "get_gpu", "get_model", "kv_capacity", "make_predictor", "simulate",
+    "summarize", "vllm_batch_defaults",
 ]
