@@ -18,6 +18,7 @@ GIB = 1024**3
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
+MAX_REQUESTS = 1_000_000  # requests in one simulated benchmark: the engine keeps per-request arrays
 FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
 FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
 
@@ -88,6 +89,10 @@ class ServingConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SimulationError(f"{name} must be a positive integer, got {v!r}")
+        requests = self.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * self.concurrency
+        if requests > MAX_REQUESTS:
+            raise SimulationError(f"{requests} requests ({'num_prompts' if self.num_prompts else '10 x concurrency'})"
+                                  f" is more than the simulator holds (at most {MAX_REQUESTS})")
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -47,6 +47,9 @@ def table_dtype(path: str | os.PathLike) -> str:
     return "fp8" if Path(path).stem.lower().endswith("_fp8") else "bf16"
 
 
+MAX_DIM = 2**31 - 1  # cuBLAS and the attention kernels take their sizes as 32-bit ints
+
+
 def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: int) -> int:
     raw = (row.get(col) or "").strip()
     try:
@@ -57,6 +60,9 @@ def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: in
         raise TableError(f"{path}:{lineno}: column {col!r} must be an integer, got {raw!r}")
     if v < minimum:
         raise TableError(f"{path}:{lineno}: column {col!r} must be >= {minimum}, got {raw!r}")
+    if v > MAX_DIM:
+        raise TableError(f"{path}:{lineno}: column {col!r} must be <= {MAX_DIM} (the kernels' 32-bit sizes), "
+                         f"got {raw!r}")
     return int(v)
 
 

@@ -48,6 +48,7 @@ def test_ops_attention_kinds_from_step_column(tmp_path):
     ("m,n,k\n1,abc,3\n", "not a number"),
     ("m,n,k\n0,4096,4096\n", ">= 1"),
     ("m,n,k\n1.5,4096,4096\n", "integer"),
+    ("m,n,k\n1,4096,99999999999999999999999999\n", "32-bit"),
     ("batch_size,isl,num_heads,num_key_value_heads,head_dim,step\n1,1,32,5,128,0\n", "multiple"),
     ("", "empty file"),
 ])

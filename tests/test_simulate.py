@@ -325,6 +325,8 @@ def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
     (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "128"], "--concurrency"),
     (["--model", L8, "--gpu", "nope", "--isl", "10", "--osl", "128", "--concurrency", "8"], "nope"),
     (["--batch", "/nonexistent.csv"], "nonexistent"),
+    (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "8", "--concurrency", "9" * 24], "at most"),
+    (["--model", L8, "--gpu", "h100-sxm", "--isl", "9" * 24, "--osl", "8", "--concurrency", "2"], "at most"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     rc = main(["simulate", *argv])
