@@ -4,7 +4,7 @@ Per calibration GPU × operator kind (opbench tables): MAPE with the constants f
 with the constants fitted on the *other* GPU (leave-one-GPU-out: the held-out GPU is predicted from its
 datasheet alone), and the constant-efficiency roofline baseline max(FLOPs/(0.75·P_datasheet),
 bytes/(0.75·BW)). Plus an independent validation on Vidur's Llama projection profiles (A100, H100, A40),
-which were never used for fitting.
+which were never used for fitting, and on the public "maximum achievable matmul FLOPS" table (accuracy_mamf.py).
 
     .venv/bin/python bench/accuracy.py --out results/accuracy.json
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accuracy_fp8 import score_fp8  # noqa: E402  (the "fp8" section: opbench_fp8 GEMMs)
+from accuracy_mamf import score_mamf  # noqa: E402  (public matmul ceilings: validation only)
 
 from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
@@ -182,6 +183,7 @@ def main() -> int:
         "calibration": calibration,
         "loo_matrix": loo_matrix,
         "vidur_validation": score_vidur(),
+        "mamf_validation": score_mamf(),
         "gemm_loo_attribution": loo_attribution(),
         "fp8": score_fp8(),
     }
@@ -203,6 +205,9 @@ def main() -> int:
         print(f"vidur {key}: " + ", ".join(f"{op} {v['mape_boost_clock']:.1f}% boost / "
                                            f"{v['mape_forecast_clock']:.1f}% forecast"
                                            for op, v in ops.items() if isinstance(v, dict)))
+    for r in res["mamf_validation"]["rows"]:
+        print(f"MAMF {r['gpu']:26s} {r['dtype']:4s} measured {r['measured_tflops']:7.1f} TF  predicted "
+              f"{r['predicted_tflops']:7.1f} TF ({r['error_pct']:+.1f} %) at {r['burst_sm_mhz']} MHz")
     for gpu, v in res["gemm_loo_attribution"].items():
         print(f"GEMM LOO {gpu}: {v['loo']:.2f}% (in-sample {v['in_sample']:.2f}%); with its own "
               + ", ".join(f"{n} {x:.2f}%" for n, x in v["loo_with_own"].items()))

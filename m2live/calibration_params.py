@@ -31,7 +31,7 @@ SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS}
 # below); a constant shared by two kinds (the attention floor) is fitted on both kinds' rows together.
 CALIBRATED: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
-    "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost"),
+    "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout"),
 }
 # The few constants that are most plainly this GPU's own rather than its kernel library's (tensor ceiling, DRAM

@@ -54,6 +54,10 @@ class ArchConstants:
     # splits' partial results one after another, t_merge each (s)
     t_merge: float = 0.0
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
+    # vLLM's KV-cache write (reshape_and_cache_flash) runs one CTA per token of min(KV heads x head_dim, 512)
+    # threads: a latency-bound kernel whose CTAs in flight are capped by the SM's resident threads and CTAs
+    # (GpuSpec.sm_limits). Each wave of them beyond the first (which t_attn_over holds) costs t_cache_cta (s)
+    t_cache_cta: float = 0.0
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
     # FA2's split-KV combine kernel (flash_fwd_splitkv_combine_kernel) reads the splits' fp32 partial outputs back,
@@ -118,10 +122,15 @@ class ArchConstants:
 # - t_kernel 2.5 / 2.9 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
 #   overlap p 2.4 / 2.6 / 1.7: how hard the roofline max is near the ridge.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
-#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.59 (FA2) / 0.68 (FA3) / 0.76 (TRT-LLM) with a per-CTA
-#   prologue/epilogue of 186 / 460 / 568 keys per query row (these three and block_cost refitted alone —
-#   `--only eta_attn,k0_attn,block_cost` — last with the query blocks of vLLM's kernels, attn_block_m 64 / 128 /
-#   256, on the burst-headroom clock and the causal tile makespan, OpModel._tile_makespan_fill); decode KV streams
+#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.60 (FA2) / 0.69 (FA3) / 0.83 (TRT-LLM) with a per-CTA
+#   prologue/epilogue of 167 / 417 / 594 keys per query row; each wave of KV-cache-write CTAs beyond the first
+#   (vLLM's reshape_and_cache_flash: one CTA per token, min(KV heads x head_dim, 512) threads, as many resident
+#   as GpuSpec.sm_limits allow) holds its SM slots 4.5 / 2.3 / 1.7 us (t_cache_cta) — the dependent
+#   slot -> K/V load -> store chain of a latency-bound kernel, shorter on the faster-clocked, newer memory
+#   systems. These four and block_cost were refitted together, `--only t_cache_cta,eta_attn,k0_attn,block_cost`,
+#   on the query blocks of vLLM's kernels (attn_block_m 64 / 128 / 256), the burst-headroom clock and the causal
+#   tile makespan (OpModel._tile_makespan_fill): prefill 8.09 / 7.87 / 8.37 -> 4.84 / 6.56 / 5.71 %, decode
+#   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Decode KV streams
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
 #   ~4 / 4 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 7.8 / 2.3 / 0.7 us; FA2's
 #   grouped-query relayout 7 us (A100 only); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA
@@ -130,8 +139,9 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.590002, k0_attn=185.737, eta_attn_mem=0.7334,
-        item_cost=4.363e-06, block_cost=8.59293e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.602625, k0_attn=166.764, eta_attn_mem=0.7334,
+        item_cost=4.363e-06, block_cost=2.84424e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
+        t_cache_cta=4.5283e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
@@ -148,8 +158,8 @@ ARCH: dict[str, ArchConstants] = {
     "hopper": ArchConstants(
         eta_tc=0.983339, i_crit=17.2375, k0=289.457, t_kernel=2.8945e-06, eta_mem=0.915559, overlap=2.60384,
         t_ramp=0.0, k_split=2048,
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.683534, k0_attn=459.506, eta_attn_mem=0.88,
-        item_cost=3.712e-06, block_cost=2.72597e-06, cta_bw=3.581e+13, t_split=2.284e-06,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.69231, k0_attn=417.411, eta_attn_mem=0.88,
+        item_cost=3.712e-06, block_cost=2.43443e-06, cta_bw=3.581e+13, t_split=2.284e-06, t_cache_cta=2.31499e-06,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
@@ -159,8 +169,9 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
         t_ramp=7.20521e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.761549, k0_attn=568.361, eta_attn_mem=0.861846,
-        item_cost=1.57828e-06, block_cost=2.00693e-06, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.828681, k0_attn=594.439, eta_attn_mem=0.861846,
+        item_cost=1.57828e-06, block_cost=7.2243e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
+        t_cache_cta=1.68925e-06,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
@@ -212,7 +223,7 @@ ARCH["cpu"] = ArchConstants(
 FITTED_GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split", "t_merge", "t_relayout"),
+                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 

@@ -81,6 +81,20 @@ class GpuSpec:
         return self.l2_mb * 1024 * 1024
 
     @property
+    def sm_limits(self) -> tuple[int, int]:
+        """(resident threads, resident CTAs) one SM holds at most, by compute capability (CUDA C++
+        Programming Guide, "Technical Specifications per Compute Capability"): 8.0 / 9.0 / 10.x 2048 / 32;
+        8.6 1536 / 16; 8.9 1536 / 24; 12.x 1536 / 32. They cap a latency-bound kernel's CTAs in flight."""
+        cc = self.compute_capability
+        if cc in ((8, 6), (8, 7)):
+            return 1536, 16
+        if cc == (8, 9):
+            return 1536, 24
+        if cc[0] >= 12:
+            return 1536, 32
+        return 2048, 32
+
+    @property
     def link_bw(self) -> float:
         """Per-direction interconnect bandwidth in B/s."""
         return self.interconnect_gbs * 1e9

@@ -314,10 +314,21 @@ class OpModel:
         return OpTime(t, branch(tc, tm, c.t_attn - c.t_attn_over), tc, tm, factors)
 
     def _cache_write(self, kv_heads: int, head_dim: int, tokens: int) -> float:
-        """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention: read
-        and write 2 x kv_heads x head_dim per token, streamed (its launch is in t_attn_over)."""
+        """vLLM writes the new tokens' K and V into the paged cache in its own kernel before attention
+        (``reshape_and_cache_flash``): read and write 2 x kv_heads x head_dim per token. The kernel runs one CTA
+        per token of min(kv_heads x head_dim, 512) threads, each CTA a few dependent loads and stores: it is
+        latency-bound, and how many CTAs are in flight is set by how many the SMs hold (``GpuSpec.sm_limits``:
+        2048 resident threads on an A100 hold 16 CTAs of one KV head's 128 threads but only 4 of 4 KV heads'
+        512). So the time is the larger of streaming the bytes and the waves of CTAs after the first (the
+        launch and first wave are in t_attn_over) at t_cache_cta each."""
         nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
-        return nbytes / (self.bw * self._eta_mem(nbytes))
+        t = nbytes / (self.bw * self._eta_mem(nbytes))
+        if self.c.t_cache_cta > 0 and tokens > 0:
+            max_threads, max_ctas = self.gpu.sm_limits
+            resident = max(1, min(max_ctas, max_threads // min(kv_heads * head_dim, 512)))
+            waves = -(-tokens // (self.gpu.sms * resident))
+            t = max(t, (waves - 1) * self.c.t_cache_cta)
+        return t
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""

@@ -170,3 +170,55 @@ def test_prefill_grid_fill_bounds_and_causal_tail(gpu):
     for b, isl, h in ((1, 4096, 32), (4, 1024, 8), (64, 512, 32)):
         assert lpt.prefill_attention([(isl, 0)] * b, h, 8 if h >= 8 else h, 128).t <= \
             om.prefill_attention([(isl, 0)] * b, h, 8 if h >= 8 else h, 128).t + 1e-12
+
+
+def _mamf_rows():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from accuracy_mamf import MAMF_ROWS, mamf_prediction
+    return MAMF_ROWS, mamf_prediction
+
+
+@pytest.mark.parametrize("gpu", [H200, B200])
+def test_never_fitted_gpus_reach_the_public_matmul_ceiling(gpu):
+    """The public MAMF figure (best mean TFLOP/s of a large bf16 matmul, 150 calls from an idle board) of a GPU
+    m2live never fitted is predicted from its datasheet, the power model's burst clock and its family's tensor
+    ceiling within 8 % (a MAMF is the best of a noisy search, so a few per cent above one shape's prediction is
+    expected); a regression in the clock model or the tensor ceilings shows here first."""
+    rows, predict = _mamf_rows()
+    (m, n, k, meas), = [(m, n, k, meas) for g, dt, m, n, k, meas, _ in rows if g == gpu and dt == "bf16"]
+    pred = predict(gpu, "bf16", m, n, k)
+    assert pred["bound"] == "compute"
+    assert abs(pred["tflops"] - meas) / meas < 0.08, (pred["tflops"], meas)
+
+
+@pytest.mark.parametrize("name, limits", [
+    ("NVIDIA A100-SXM4-80GB", (2048, 32)), ("NVIDIA A40", (1536, 16)), (L40S, (1536, 24)), (H100, (2048, 32)),
+    (B300, (2048, 32)), (PRO6000, (1536, 32)),
+])
+def test_sm_residency_limits_follow_compute_capability(name, limits):
+    assert get_gpu(name).sm_limits == limits
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", H100, B300, L40S, PRO6000])
+def test_kv_cache_write_is_latency_bound_by_resident_ctas(gpu):
+    """vLLM's cache write runs one CTA per token of min(KV heads x head_dim, 512) threads: more tokens or more KV
+    heads never write faster; a decode step (fewer tokens than one wave of CTAs) pays only the stream; and a long
+    prefill of 4 KV heads (512-thread CTAs, a quarter as many in flight as one KV head's 128) takes well over
+    the time its bytes take to stream, as the A100, H100 and B300 tables show (kv 2 -> 4 costs 2-6x kv 1 -> 2)."""
+    om = OpModel(gpu)
+    if om.c.t_cache_cta <= 0:
+        pytest.skip("no cache-write wave cost on this family")
+    prev = 0.0
+    for tokens in (1, 64, 256, 4096, 65536, 262144):
+        t = om._cache_write(4, 128, tokens)
+        assert t >= prev
+        prev = t
+    for tokens in (256, 131072):
+        times = [om._cache_write(kv, 128, tokens) for kv in (1, 2, 4, 8, 16)]
+        assert times == sorted(times)
+    stream = 4.0 * 2 * 4 * 128 * 256 / (om.bw * om._eta_mem(4.0 * 2 * 4 * 128 * 256))
+    assert om._cache_write(4, 128, 256) == pytest.approx(stream)
+    nbytes = 4.0 * 2 * 4 * 128 * 131072
+    assert om._cache_write(4, 128, 131072) > 1.5 * nbytes / (om.bw * om._eta_mem(nbytes))
