@@ -4,7 +4,7 @@ The figures are the public MAMF comparison table of Stas Bekman's *Machine Learn
 (compute/accelerator/README.md, mamf-finder.py v2): for each accelerator the best mean TFLOP/s over 100 timed
 ``torch.matmul`` calls after 50 warm-up calls, among a brute-force search of shapes, with the L2 reset between
 calls. Those shapes are large (0.1-1 ms a call), so a measurement is a burst of ~150 calls of the same GEMM
-from an idle board: m2live prices it at its own clock for that burst (``OpModel.clock_ratio`` over 150 calls,
+from an idle board: m2live prices it at its own clock for that burst (``OpModel.burst_clock`` over 150 calls,
 the power model's burst headroom) and weights streamed cold (no L2 re-reads). Two of these GPUs, the H200 and
 the B200, are GPUs m2live never fitted; the others' constants were fitted on opbench, never on these rows.
 
@@ -44,7 +44,7 @@ def mamf_prediction(gpu: str, dtype: str, m: int, n: int, k: int) -> dict:
     om = OpModel(gpu, dtype)
     flops = 2.0 * m * n * k
     t_boost = om.gemm(m, n, k, 1.0, quantize=False).t
-    f = om.clock_ratio(flops, t_boost, 0.0, MAMF_CALLS * t_boost)
+    f = om.burst_clock(flops, t_boost, MAMF_CALLS)
     op = om.gemm(m, n, k, f, quantize=False)
     return {"tflops": flops / op.t / 1e12, "f_clk": f, "sm_mhz": f * om.gpu.boost_mhz, "bound": op.bound,
             "fitted_on": om.c.fitted_on, "borrowed_from": om.c.borrowed_from}

@@ -146,9 +146,9 @@ class OpModel:
         return clock_ratio(self.gpu.tdp_w, self.attn_peak, self.gpu.kernel_family, flops / (t_at_boost * self.peak),
                            nbytes / (t_at_boost * self.bw), duration_s)
 
-    def burst_clock(self, flops: float, t_at_boost: float) -> float:
-        """f_clk of an opbench measurement: the op run BENCH_CALLS times back to back."""
-        return self.clock_ratio(flops, t_at_boost, 0.0, BENCH_CALLS * t_at_boost)
+    def burst_clock(self, flops: float, t_at_boost: float, calls: int = BENCH_CALLS) -> float:
+        """f_clk of a benchmark measurement: the op run ``calls`` times back to back (opbench: BENCH_CALLS)."""
+        return self.clock_ratio(flops, t_at_boost, 0.0, calls * t_at_boost)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
@@ -323,9 +323,9 @@ class OpModel:
         launch and first wave are in t_attn_over) at t_cache_cta each."""
         nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
         t = nbytes / (self.bw * self._eta_mem(nbytes))
-        if self.c.t_cache_cta > 0 and tokens > 0:
+        if self.c.t_cache_cta > 0:  # (no tokens: zero waves, the stream's 0 stands)
             max_threads, max_ctas = self.gpu.sm_limits
-            resident = max(1, min(max_ctas, max_threads // min(kv_heads * head_dim, 512)))
+            resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit
             waves = -(-tokens // (self.gpu.sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
         return t

@@ -218,7 +218,9 @@ def test_kv_cache_write_is_latency_bound_by_resident_ctas(gpu):
     for tokens in (256, 131072):
         times = [om._cache_write(kv, 128, tokens) for kv in (1, 2, 4, 8, 16)]
         assert times == sorted(times)
-    stream = 4.0 * 2 * 4 * 128 * 256 / (om.bw * om._eta_mem(4.0 * 2 * 4 * 128 * 256))
-    assert om._cache_write(4, 128, 256) == pytest.approx(stream)
-    nbytes = 4.0 * 2 * 4 * 128 * 131072
-    assert om._cache_write(4, 128, 131072) > 1.5 * nbytes / (om.bw * om._eta_mem(nbytes))
+    def stream(tokens: int) -> float:  # 4 KV heads of 128: read and write K and V, bf16
+        nbytes = 4.0 * 2 * 4 * 128 * tokens
+        return nbytes / (om.bw * om._eta_mem(nbytes))
+
+    assert om._cache_write(4, 128, 256) == pytest.approx(stream(256))
+    assert om._cache_write(4, 128, 131072) > 1.5 * stream(131072)
