@@ -132,15 +132,19 @@ class ArchConstants:
 #   tile makespan (OpModel._tile_makespan_fill): prefill 8.09 / 7.87 / 8.37 -> 4.84 / 6.56 / 5.71 %, decode
 #   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Decode KV streams
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
-#   ~4 / 4 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 7.8 / 2.3 / 0.7 us; FA2's
-#   grouped-query relayout 7 us (A100 only); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA
-#   per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100.
+#   ~3.7 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.2 / 2.3 / 0.7 us;
+#   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
+#   (OpModel._relayout); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA per head over
+#   plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
+#   constants (item_cost, cta_bw, t_split, t_relayout) were refitted with the relayout copies priced as bytes and
+#   FA2's per-item cost by query rows (decode_tile_cost below), `--gpus a100_sxm --only
+#   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
         t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.602625, k0_attn=166.764, eta_attn_mem=0.7334,
-        item_cost=4.363e-06, block_cost=2.84424e-07, cta_bw=2.21e+10, t_split=6.176e-06, t_relayout=6.937e-06,
+        item_cost=3.68482e-06, block_cost=2.84424e-07, cta_bw=2.21253e+10, t_split=6.18781e-06, t_relayout=6.6331e-06,
         t_cache_cta=4.5283e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
@@ -153,6 +157,13 @@ ARCH: dict[str, ArchConstants] = {
         # cost alike, as the A100 table shows (batch 64, 256 keys: 21.9 us at 2 heads, 26.9 us at 48); A100
         # decode 8.56 -> 8.33 % with the constants as fitted (refitted 8.31 %)
         decode_row_block=64,
+        # ... but each real row of that block still costs the CTA its pass: the q rows it loads and the output
+        # and log-sum-exp rows it writes are predicated on the rows that exist. The A100's SM time per decode item
+        # at short contexts (<= 7 keys, >= 4 x SMs items, one KV head so no relayout copies: the items' fixed cost
+        # alone) is flat to 8 query heads per KV head and then grows: 4.77 / 5.02 / 5.59 / 6.62 / 7.35 us at
+        # 8 / 16 / 32 / 48 / 64 — these ratios, read off opbench a100_sxm (A100 decode 7.12 -> 6.59 %).
+        # The KV stream is untouched: masked rows are computed all the same, so the tile is always 64 rows.
+        decode_tile_cost=((8, 1.0), (16, 1.05), (32, 1.17), (48, 1.39), (64, 1.54)),
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(

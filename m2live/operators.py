@@ -35,6 +35,7 @@ from .efficiency import (
 from .hardware import GpuSpec, get_gpu
 
 DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
+RELAYOUT_COPIES = 3  # FA2 varlen grouped-query decode: q in, the output and q back (flash_api.cpp, seqlenq_ngroups_swapped)
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 # One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
 # ~8 us over NVLink / NVLink-C2C, ~20 us over PCIe (host bridges, no NVLink SHARP)
@@ -265,7 +266,8 @@ class OpModel:
             t_dram = min(t_dram, self.l2_time(nbytes))
         nbytes += extra
         t_dram += extra / (self.bw * c.eta_attn_mem)
-        cta_bw = c.cta_bw / tile_cost
+        # a larger query tile slows the stream too (TRT-LLM); FA2's tile is always decode_row_block rows
+        cta_bw = c.cta_bw / (1.0 if c.decode_row_block else tile_cost)
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
         tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
         if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
@@ -274,7 +276,7 @@ class OpModel:
         # a grid smaller than the SMs computes on as many SMs as it has CTAs
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
-            t_after += c.t_relayout  # FA2 lays grouped queries out as rows and back: two copies, not views
+            t_after += c.t_relayout + self._relayout(n_seqs * heads * head_dim)
         out = self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
         if c.combine_rows and grouped and split == 1 and n_seqs > 1:
             # the kernel stops splitting once the items fill 80 % of the SMs (decode_splits): the largest batch
@@ -329,6 +331,15 @@ class OpModel:
             waves = -(-tokens // (self.gpu.sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
         return t
+
+    def _relayout(self, elements: int) -> float:
+        """FlashAttention-2's varlen decode with grouped queries (``seqlenq_ngroups_swapped``) makes each KV
+        head's query heads the rows of one tile: it reshapes q from (batch, heads) to (batch x group, KV heads)
+        before the kernel and the output and q back after it — three strided copies of batch x heads x head_dim
+        elements, each read and written (six passes), views only when the batch or the KV heads are one. Their
+        launches are in t_relayout; this is their DRAM traffic, which grows with the batch."""
+        per_copy = 2.0 * self.attn_elt * elements
+        return RELAYOUT_COPIES * per_copy / (self.bw * self._eta_mem(per_copy))
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""

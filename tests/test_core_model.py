@@ -293,20 +293,49 @@ def test_single_token_prefill_is_the_decode_kernel_path():
     assert om.prefill_attention([(2, 0)] * 16, 32, 8, 128).t != om.decode_attention(0, 16, 32, 8, 128).t
 
 
-def test_fa2_grouped_query_decode_pays_the_relayout_only_when_it_copies():
-    """FA2 lays grouped queries out as rows of one KV head: a real copy only with >1 sequence and >1 KV head."""
+def test_fa2_grouped_query_decode_pays_the_relayout_only_when_it_copies(monkeypatch: pytest.MonkeyPatch):
+    """FA2 lays grouped queries out as rows of one KV head: three real copies (q in, the output and q back) only
+    with >1 sequence and >1 KV head, their launches (t_relayout) and their traffic, which grows with the batch."""
+    from dataclasses import replace
+
+    from m2live import operators
+    from m2live.efficiency import ARCH
+    from m2live.predictor import OpModel
+
+    om = OpModel("NVIDIA A100-SXM4-80GB")
+    with_copy = {(b, h, kv): om.decode_attention(b * 100, b, h, kv, 128).t
+                 for b, h, kv in ((8, 32, 8), (64, 32, 8), (512, 32, 8), (1, 32, 8), (8, 32, 1), (8, 8, 8))}
+    monkeypatch.setattr(operators, "RELAYOUT_COPIES", 0)
+    without = OpModel("NVIDIA A100-SXM4-80GB", constants=replace(ARCH["ampere"], t_relayout=0.0))
+
+    def gap(b: int, h: int, kv: int) -> float:
+        return with_copy[(b, h, kv)] - without.decode_attention(b * 100, b, h, kv, 128).t
+
+    copy = 3 * 2 * 2 * 8 * 32 * 128  # three copies of batch x heads x head_dim bf16 elements, read and written
+    assert gap(8, 32, 8) == pytest.approx(ARCH["ampere"].t_relayout + copy / (om.bw * om._eta_mem(copy / 3)))
+    assert gap(8, 32, 8) < gap(64, 32, 8) < gap(512, 32, 8)
+    assert gap(512, 32, 8) > 3 * ARCH["ampere"].t_relayout  # a large batch's copies outweigh their launches
+    for b, h, kv in ((1, 32, 8), (8, 32, 1), (8, 8, 8)):  # one sequence, one KV head, no grouping: views only
+        assert gap(b, h, kv) == 0.0
+
+
+def test_fa2_decode_items_cost_more_with_more_real_query_rows_but_stream_alike():
+    """FA2's decode tile is always 64 rows, but each real query row costs the CTA its q load and output write:
+    at short contexts the items' fixed time grows with the query heads per KV head (flat to 8), while a long
+    KV stream — masked rows are computed all the same — is priced alike."""
     from dataclasses import replace
 
     from m2live.efficiency import ARCH
     from m2live.predictor import OpModel
 
-    with_copy = OpModel("NVIDIA A100-SXM4-80GB")
-    without = OpModel("NVIDIA A100-SXM4-80GB", constants=replace(ARCH["ampere"], t_relayout=0.0))
-    gap = ARCH["ampere"].t_relayout
-    assert with_copy.decode_attention(8 * 100, 8, 32, 8, 128).t - without.decode_attention(8 * 100, 8, 32, 8, 128).t \
-        == pytest.approx(gap)
-    for b, h, kv in ((1, 32, 8), (8, 32, 1), (8, 8, 8)):  # one sequence, one KV head, no grouping: views only
-        assert with_copy.decode_attention(b * 100, b, h, kv, 128).t == without.decode_attention(b * 100, b, h, kv, 128).t
+    om = OpModel("NVIDIA A100-SXM4-80GB")
+    flat = OpModel("NVIDIA A100-SXM4-80GB", constants=replace(ARCH["ampere"], decode_tile_cost=()))
+    short = [om.decode_attention(2048 * 2, 2048, h, 1, 128).t for h in (1, 8, 16, 32, 64)]
+    assert short[0] == pytest.approx(flat.decode_attention(2048 * 2, 2048, 1, 1, 128).t)
+    assert short[1] == pytest.approx(flat.decode_attention(2048 * 2, 2048, 8, 1, 128).t)
+    assert short[1] < short[2] < short[3] < short[4] < 2 * short[1]
+    long_ctx = (om.decode_attention(16 * 65536, 16, 64, 8, 128).t, flat.decode_attention(16 * 65536, 16, 64, 8, 128).t)
+    assert long_ctx[0] == pytest.approx(long_ctx[1], rel=1e-3)
 
 
 def test_fa2_split_decode_pays_its_partial_outputs_and_combine():
