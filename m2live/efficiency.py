@@ -122,15 +122,19 @@ class ArchConstants:
 # - t_kernel 2.5 / 2.9 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
 #   overlap p 2.4 / 2.6 / 1.7: how hard the roofline max is near the ridge.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
-#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.60 (FA2) / 0.69 (FA3) / 0.83 (TRT-LLM) with a per-CTA
-#   prologue/epilogue of 167 / 417 / 594 keys per query row; each wave of KV-cache-write CTAs beyond the first
+#   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
+#   prologue/epilogue of 169 / 447 / 646 keys per query row, the scores' exponentials on the SFUs added in
+#   quadrature (OpModel.prefill_attention, SFU_OVERLAP; before them 0.60 / 0.69 / 0.83 absorbed that cost); each wave of KV-cache-write CTAs beyond the first
 #   (vLLM's reshape_and_cache_flash: one CTA per token, min(KV heads x head_dim, 512) threads, as many resident
 #   as GpuSpec.sm_limits allow) holds its SM slots 4.5 / 2.3 / 1.7 us (t_cache_cta) — the dependent
 #   slot -> K/V load -> store chain of a latency-bound kernel, shorter on the faster-clocked, newer memory
 #   systems. These four and block_cost were refitted together, `--only t_cache_cta,eta_attn,k0_attn,block_cost`,
 #   on the query blocks of vLLM's kernels (attn_block_m 64 / 128 / 256), the burst-headroom clock and the causal
 #   tile makespan (OpModel._tile_makespan_fill): prefill 8.09 / 7.87 / 8.37 -> 4.84 / 6.56 / 5.71 %, decode
-#   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Decode KV streams
+#   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Refitted the same way with the SFU term
+#   (`--only t_cache_cta,eta_attn,k0_attn,block_cost --maxiter 300`): prefill 4.68 / 6.56 / 5.71 -> 4.68 / 6.54 /
+#   5.74 %, and every other head dim of the H100 and B300 tables (never fitted) closer: hd64 17.1 -> 14.1 and
+#   23.9 -> 21.2 %, hd256 15.9 -> 14.7 and 21.3 -> 20.2 %. Decode KV streams
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
 #   ~3.7 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.2 / 2.3 / 0.7 us;
 #   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
@@ -143,9 +147,9 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.602625, k0_attn=166.764, eta_attn_mem=0.7334,
-        item_cost=3.68482e-06, block_cost=2.84424e-07, cta_bw=2.21253e+10, t_split=6.18781e-06, t_relayout=6.6331e-06,
-        t_cache_cta=4.5283e-06,
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.7334,
+        item_cost=3.68482e-06, block_cost=2.70876e-07, cta_bw=2.21253e+10, t_split=6.18781e-06, t_relayout=6.6331e-06,
+        t_cache_cta=4.54008e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
@@ -169,8 +173,8 @@ ARCH: dict[str, ArchConstants] = {
     "hopper": ArchConstants(
         eta_tc=0.983339, i_crit=17.2375, k0=289.457, t_kernel=2.8945e-06, eta_mem=0.915559, overlap=2.60384,
         t_ramp=0.0, k_split=2048,
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.69231, k0_attn=417.411, eta_attn_mem=0.88,
-        item_cost=3.712e-06, block_cost=2.43443e-06, cta_bw=3.581e+13, t_split=2.284e-06, t_cache_cta=2.31499e-06,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.733057, k0_attn=447.264, eta_attn_mem=0.88,
+        item_cost=3.712e-06, block_cost=2.43752e-06, cta_bw=3.581e+13, t_split=2.284e-06, t_cache_cta=2.33146e-06,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
@@ -180,9 +184,9 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
         t_ramp=7.20521e-08, k_split=1536,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.828681, k0_attn=594.439, eta_attn_mem=0.861846,
-        item_cost=1.57828e-06, block_cost=7.2243e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
-        t_cache_cta=1.68925e-06,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.893425, k0_attn=645.598, eta_attn_mem=0.861846,
+        item_cost=1.57828e-06, block_cost=6.91527e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
+        t_cache_cta=1.71772e-06,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",

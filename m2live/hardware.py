@@ -95,6 +95,15 @@ class GpuSpec:
         return 2048, 32
 
     @property
+    def exp_per_clk(self) -> int:
+        """Base-2 exponentials (MUFU.EX2, the special-function units) one SM retires per clock: 16 on every
+        compute capability from 5.0 to 12.x (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput
+        table), doubled to 32 on Blackwell Ultra, 10.3 (NVIDIA's Blackwell Ultra technical blogs: "attention
+        acceleration" 10.7 TeraExponentials/s on B300 / GB300 against 5 on B200 / GB200). Every attention score
+        costs one: it bounds a prefill kernel whose tensor cores retire more query-key pairs per clock."""
+        return 32 if self.compute_capability == (10, 3) else 16
+
+    @property
     def link_bw(self) -> float:
         """Per-direction interconnect bandwidth in B/s."""
         return self.interconnect_gbs * 1e9

@@ -35,6 +35,11 @@ from .efficiency import (
 from .hardware import GpuSpec, get_gpu
 
 DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
+# How the prefill kernel's tensor-core and exponential (SFU) times add: (t_tc^p + t_exp^p)^(1/p). p = 2 makes
+# the public GB200 -> GB300 figure come out: NVIDIA measured ~35 % faster fp8 attention forward (DeepSeek-V3's
+# 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
+# max). Not fitted: the calibration GPUs' exponential load is 0.15-0.4 of their tensor time, too little to pin p.
+SFU_OVERLAP = 2.0
 RELAYOUT_COPIES = 3  # FA2 varlen grouped-query decode: q in, the output and q back (flash_api.cpp, seqlenq_ngroups_swapped)
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 # One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
@@ -204,6 +209,12 @@ class OpModel:
         split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self.gpu.sms) if c.prefill_split else 1
         wave = self._tile_makespan_fill(ctas * heads * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
+        # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
+        # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
+        # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
+        t_exp = flops / (4.0 * head_dim) / (self.gpu.sms * self.gpu.exp_per_clk * self.gpu.boost_mhz * 1e6
+                                             * f_clk * wave)
+        tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         tm = nbytes / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self.gpu.sms

@@ -224,3 +224,32 @@ def test_kv_cache_write_is_latency_bound_by_resident_ctas(gpu):
 
     assert om._cache_write(4, 128, 256) == pytest.approx(stream(256))
     assert om._cache_write(4, 128, 131072) > 1.5 * stream(131072)
+
+
+def test_exponential_units_double_only_on_blackwell_ultra():
+    assert get_gpu(B300).exp_per_clk == 32
+    for name in ("NVIDIA B200", H100, "NVIDIA A100-SXM4-80GB", L40S, PRO6000):
+        assert get_gpu(name).exp_per_clk == 16
+
+
+def test_more_exponential_units_never_slow_prefill_and_bind_where_tensor_cores_outrun_them():
+    """Every attention score is one SFU exponential: the same Blackwell part with Blackwell Ultra's doubled SFUs
+    prefills faster — most where the tensor cores retire as many pairs per clock as the SFUs (long chunks at
+    head_dim 128 on a B200-class part), little on the short, latency-bound ones — and decodes alike."""
+    from dataclasses import replace
+
+    b200 = get_gpu("NVIDIA B200")
+    slow, fast = OpModel(b200), OpModel(replace(b200, compute_capability=(10, 3)))
+    assert slow.c == fast.c  # one kernel family: only the SFUs differ
+    gains = []
+    for seqs in ([(64, 0)], [(512, 0)] * 8, [(4096, 0)] * 4, [(16384, 0)]):
+        t_slow = slow.prefill_attention(seqs, 32, 8, 128).t
+        t_fast = fast.prefill_attention(seqs, 32, 8, 128).t
+        assert t_fast <= t_slow
+        gains.append(t_slow / t_fast)
+    assert gains[-1] > 1.1 and gains[-1] > gains[0]
+    assert slow.decode_attention(64 * 4096, 64, 32, 8, 128).t == fast.decode_attention(64 * 4096, 64, 32, 8, 128).t
+    # an exponential costs the same whatever the head_dim, so a small head_dim leans on the SFUs hardest
+    ratio = [slow.prefill_attention([(16384, 0)], 32, 8, d).t / fast.prefill_attention([(16384, 0)], 32, 8, d).t
+             for d in (64, 128, 256)]
+    assert ratio[0] > ratio[1] > ratio[2] >= 1.0
