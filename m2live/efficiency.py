@@ -124,11 +124,11 @@ class ArchConstants:
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
 #   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
 #   prologue/epilogue of 169 / 447 / 646 keys per query row, the scores' exponentials on the SFUs added in
-#   quadrature (OpModel.prefill_attention, SFU_OVERLAP; before them 0.60 / 0.69 / 0.83 absorbed that cost); each wave of KV-cache-write CTAs beyond the first
-#   (vLLM's reshape_and_cache_flash: one CTA per token, min(KV heads x head_dim, 512) threads, as many resident
-#   as GpuSpec.sm_limits allow) holds its SM slots 4.5 / 2.3 / 1.7 us (t_cache_cta) — the dependent
-#   slot -> K/V load -> store chain of a latency-bound kernel, shorter on the faster-clocked, newer memory
-#   systems. These four and block_cost were refitted together, `--only t_cache_cta,eta_attn,k0_attn,block_cost`,
+#   quadrature (OpModel.prefill_attention, SFU_OVERLAP; before them 0.60 / 0.69 / 0.83 absorbed that cost);
+#   each wave of KV-cache-write CTAs beyond the first (vLLM's reshape_and_cache_flash: one CTA per token,
+#   min(KV heads x head_dim, 512) threads, as many resident as GpuSpec.sm_limits allow) holds its SM slots
+#   4.5 / 2.3 / 1.7 us (t_cache_cta) — the dependent slot -> K/V load -> store chain of a latency-bound kernel,
+#   shorter on the faster-clocked, newer memory systems. These four and block_cost were refitted together, `--only t_cache_cta,eta_attn,k0_attn,block_cost`,
 #   on the query blocks of vLLM's kernels (attn_block_m 64 / 128 / 256), the burst-headroom clock and the causal
 #   tile makespan (OpModel._tile_makespan_fill): prefill 8.09 / 7.87 / 8.37 -> 4.84 / 6.56 / 5.71 %, decode
 #   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Refitted the same way with the SFU term

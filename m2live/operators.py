@@ -40,7 +40,8 @@ DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_d
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
 # max). Not fitted: the calibration GPUs' exponential load is 0.15-0.4 of their tensor time, too little to pin p.
 SFU_OVERLAP = 2.0
-RELAYOUT_COPIES = 3  # FA2 varlen grouped-query decode: q in, the output and q back (flash_api.cpp, seqlenq_ngroups_swapped)
+# FA2's varlen grouped-query decode (flash_api.cpp, seqlenq_ngroups_swapped): q in, the output and q back
+RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 # One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
 # ~8 us over NVLink / NVLink-C2C, ~20 us over PCIe (host bridges, no NVLink SHARP)
