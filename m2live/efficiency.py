@@ -70,9 +70,9 @@ class ArchConstants:
     # multi-head decode) and the rest masked (0: only the useful rows)
     decode_row_block: int = 0
     cta_slots: int = 4  # decode CTAs resident per SM
-    # how the decode kernel splits the KV: "flash" (FlashAttention's rule, decode_splits) or "trtllm" (FlashInfer's
-    # TRT-LLM generation kernels, computeCtaAndClusterConfig: as many splits as leave one CTA per SM, at most one
-    # per KV tile, merged in the kernel: t_merge per split)
+    # how the decode kernel splits the KV: "flash" (FlashAttention-3's rule, decode_splits), "fa2" (FlashAttention-2's,
+    # fa2_splits) or "trtllm" (FlashInfer's TRT-LLM generation kernels, computeCtaAndClusterConfig: as many splits
+    # as leave one CTA per SM, at most one per KV tile, merged in the kernel: t_merge per split)
     decode_split_rule: str = "flash"
     prefill_split: bool = False  # the prefill kernel splits the KV when its query tiles leave SMs idle (FA3)
     # ((query tile, relative cost of the main loop per KV token), ...): the decode kernel packs a KV head's query
@@ -136,21 +136,25 @@ class ArchConstants:
 #   5.74 %, and every other head dim of the H100 and B300 tables (never fitted) closer: hd64 17.1 -> 14.1 and
 #   23.9 -> 21.2 %, hd256 15.9 -> 14.7 and 21.3 -> 20.2 %. Decode KV streams
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
-#   ~3.7 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.2 / 2.3 / 0.7 us;
+#   ~3.7 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.0 / 2.3 / 0.7 us;
 #   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
 #   (OpModel._relayout); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA per head over
 #   plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
 #   constants (item_cost, cta_bw, t_split, t_relayout) were refitted with the relayout copies priced as bytes and
 #   FA2's per-item cost by query rows (decode_tile_cost below), `--gpus a100_sxm --only
-#   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %.
+#   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %; then again with FA2's own split rule
+#   (decode_split_rule "fa2"): 5.96 %.
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
         t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.7334,
-        item_cost=3.68482e-06, block_cost=2.70876e-07, cta_bw=2.21253e+10, t_split=6.18781e-06, t_relayout=6.6331e-06,
+        item_cost=3.67936e-06, block_cost=2.70876e-07, cta_bw=2.21261e+10, t_split=6.04271e-06, t_relayout=6.613e-06,
         t_cache_cta=4.54008e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
+        # FA2's own split rule (set_params_splitkv): FlashAttention's over twice the SMs ("128 threads per block")
+        # and only split counts that change the key blocks per split (A100 decode 6.59 -> 5.96 %, refitted)
+        decode_split_rule="fa2",
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         # vLLM's prefill reads a paged KV cache, and FA2's varlen API sends paged-KV calls to its split-KV kernel,
@@ -355,21 +359,33 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmE
 def decode_splits(items: int, key_blocks: int, sms: int, max_splits: int = 128) -> int:
     """How many KV splits a flash-decoding kernel launches for ``items`` (sequence x KV head) work items.
 
-    Kernel fact (FlashAttention's split-KV rule, FA2 and FA3 alike): no split once the items fill 80 % of the
-    SMs; otherwise the fewest splits (at most one per key block, the SM count, 128) whose last wave is within
-    85 % of the best achievable wave fill.
+    Kernel fact (FlashAttention's split-KV rule): no split once the items fill 80 % of the SMs; otherwise the
+    fewest splits (at most one per key block, the SM count, 128) whose last wave is within 85 % of the best
+    achievable wave fill.
     """
     if items <= 0 or items >= 0.8 * sms:
         return 1
-    return _fewest_good_splits(items, max(1, min(sms, key_blocks, max_splits)), sms)
+    return _fewest_good_splits(items, max(1, min(sms, key_blocks, max_splits)), sms, 0)
+
+
+def fa2_splits(items: int, key_blocks: int, sms: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's form of the rule (flash_api.cpp ``set_params_splitkv``): it counts twice the SMs (two
+    128-thread CTAs fit one), and skips a split count that leaves the key blocks per split unchanged (64 blocks
+    in 11 or 12 splits are 6 per split either way: 12 is not eligible)."""
+    slots = 2 * sms
+    if items <= 0 or items >= 0.8 * slots:
+        return 1
+    return _fewest_good_splits(items, max(1, min(slots, key_blocks, max_splits)), slots, key_blocks)
 
 
 @lru_cache(maxsize=8192)
-def _fewest_good_splits(items: int, hi: int, sms: int) -> int:
+def _fewest_good_splits(items: int, hi: int, sms: int, key_blocks: int) -> int:
+    """The fewest splits within 85 % of the best wave fill; with ``key_blocks``, only eligible split counts."""
     fills = []
     for s in range(1, hi + 1):
         waves = items * s / sms
-        fills.append(waves / math.ceil(waves))
+        eligible = not key_blocks or s == 1 or -(-key_blocks // s) != -(-key_blocks // (s - 1))
+        fills.append(waves / math.ceil(waves) if eligible else 0.0)
     best = max(fills)
     return next(s for s, fill in enumerate(fills, start=1) if fill >= 0.85 * best)
 

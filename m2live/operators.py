@@ -29,6 +29,7 @@ from .efficiency import (
     clock_ratio,
     constants_for,
     decode_splits,
+    fa2_splits,
     fa3_splits,
     gemm_efficiency,
 )
@@ -254,7 +255,7 @@ class OpModel:
         if c.decode_split_rule == "trtllm":
             split = max(1, min(kv_blocks, sms // items))
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
-            split = decode_splits(items, kv_blocks, sms)
+            split = (fa2_splits if c.decode_split_rule == "fa2" else decode_splits)(items, kv_blocks, sms)
         ctas = items * split
         tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
         if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
@@ -289,18 +290,7 @@ class OpModel:
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             t_after += c.t_relayout + self._relayout(n_seqs * heads * head_dim)
-        out = self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
-        if c.combine_rows and grouped and split == 1 and n_seqs > 1:
-            # the kernel stops splitting once the items fill 80 % of the SMs (decode_splits): the largest batch
-            # that still split (and paid its partial outputs and combine) bounds this one from below, so the time
-            # does not fall as the batch grows across that threshold
-            n_thr = math.ceil(0.8 * sms / kv_heads) - 1
-            if 1 <= n_thr < n_seqs:
-                low = self.decode_attention(int(total_ctx * n_thr / n_seqs), n_thr, heads, kv_heads, head_dim,
-                                            f_clk, l2_warm)
-                if low.t > out.t:
-                    out = OpTime(low.t, out.bound, out.t_compute, out.t_memory, out.factors)
-        return out
+        return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
     def _tile_makespan_fill(self, n: int, work: float, u_max: float) -> float:
         """Share of SM time a prefill grid keeps busy: ``n`` query-tile CTAs of ``work`` units in all, the
