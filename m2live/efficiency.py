@@ -136,20 +136,21 @@ class ArchConstants:
 #   5.74 %, and every other head dim of the H100 and B300 tables (never fitted) closer: hd64 17.1 -> 14.1 and
 #   23.9 -> 21.2 %, hd256 15.9 -> 14.7 and 21.3 -> 20.2 %. Decode KV streams
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
-#   ~3.7 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.0 / 2.3 / 0.7 us;
+#   ~3.5 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.0 / 2.3 / 0.7 us;
 #   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
 #   (OpModel._relayout); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA per head over
 #   plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
 #   constants (item_cost, cta_bw, t_split, t_relayout) were refitted with the relayout copies priced as bytes and
 #   FA2's per-item cost by query rows (decode_tile_cost below), `--gpus a100_sxm --only
 #   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %; then again with FA2's own split rule
-#   (decode_split_rule "fa2"): 5.96 %.
+#   (decode_split_rule "fa2"): 5.96 %, and with FA2's items in whole waves over the SMs: 5.24 % (item_cost
+#   3.7 -> 3.5 us).
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
         t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
         t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.7334,
-        item_cost=3.67936e-06, block_cost=2.70876e-07, cta_bw=2.21261e+10, t_split=6.04271e-06, t_relayout=6.613e-06,
+        item_cost=3.53613e-06, block_cost=2.70876e-07, cta_bw=2.21412e+10, t_split=6.04021e-06, t_relayout=6.31168e-06,
         t_cache_cta=4.54008e-06,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         # FA2's own split rule (set_params_splitkv): FlashAttention's over twice the SMs ("128 threads per block")

@@ -100,7 +100,10 @@ class GpuSpec:
         compute capability from 5.0 to 12.x (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput
         table), doubled to 32 on Blackwell Ultra, 10.3 (NVIDIA's Blackwell Ultra technical blogs: "attention
         acceleration" 10.7 TeraExponentials/s on B300 / GB300 against 5 on B200 / GB200). Every attention score
-        costs one: it bounds a prefill kernel whose tensor cores retire more query-key pairs per clock."""
+        costs one: it bounds a prefill kernel whose tensor cores retire more query-key pairs per clock. 0 on the
+        CPU device: its exponentials are in the attention efficiency it measures."""
+        if self.arch == "cpu":
+            return 0
         return 32 if self.compute_capability == (10, 3) else 16
 
     @property

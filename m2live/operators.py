@@ -214,9 +214,10 @@ class OpModel:
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
         # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
-        t_exp = flops / (4.0 * head_dim) / (self.gpu.sms * self.gpu.exp_per_clk * self.gpu.boost_mhz * 1e6
-                                             * f_clk * wave)
-        tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
+        if self.gpu.exp_per_clk:
+            t_exp = flops / (4.0 * head_dim) / (self.gpu.sms * self.gpu.exp_per_clk * self.gpu.boost_mhz * 1e6
+                                                 * f_clk * wave)
+            tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         tm = nbytes / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
@@ -260,7 +261,11 @@ class OpModel:
         tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
         if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
             tile_cost = next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
-        t_items = items * c.item_cost * tile_cost / sms
+        # FA2 launches one CTA per item and the SM given the most items finishes last (whole waves of items: 128
+        # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
+        # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
+        waves = math.ceil(items / sms) if c.decode_split_rule == "fa2" else items / sms
+        t_items = waves * c.item_cost * tile_cost
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
         if split > 1 and c.combine_rows:

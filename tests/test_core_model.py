@@ -403,3 +403,21 @@ def test_decode_time_falls_at_most_a_split_step_as_batch_or_context_grows(gpu, f
     26 %), H100 / B300 within 26 %."""
     assert not _decode_drops(gpu, floor)
 
+
+
+def test_fa2_decode_items_run_in_whole_waves_over_the_sms():
+    """FA2 launches one CTA per (sequence x KV head) item: one item more than the SMs costs a whole item's fixed
+    time more at short contexts (the SM holding two finishes last), one fewer nothing; FA3 prices the mean."""
+    from m2live.predictor import OpModel
+
+    a100 = OpModel("NVIDIA A100-SXM4-80GB")
+    sms = a100.gpu.sms
+    t = {b: a100.decode_attention(b * 4, b, 8, 1, 128).t for b in (sms - 1, sms, sms + 1, 2 * sms, 2 * sms + 1)}
+    assert t[sms - 1] == pytest.approx(t[sms], rel=1e-3)
+    assert t[sms + 1] - t[sms] > 0.8 * a100.c.item_cost  # (less the part the call's floor already covered)
+    assert t[2 * sms] == pytest.approx(t[sms + 1], rel=1e-2)  # only the cache write grows within the wave
+    assert t[2 * sms + 1] > t[2 * sms]
+    h100 = OpModel("NVIDIA H100 80GB HBM3")
+    n = h100.gpu.sms
+    gap = h100.decode_attention((n + 1) * 4, n + 1, 8, 1, 128).t - h100.decode_attention(n * 4, n, 8, 1, 128).t
+    assert gap < 0.1 * h100.c.item_cost

@@ -106,12 +106,17 @@ def _shape_matrix(recs: list[dict]):
 
 def _noise_floor(recs: list[dict]) -> float:
     """The median relative error of the best linear fit of the measured steps on their own shape (host floor,
-    prefill tokens, sequences, KV tokens), in sample: what no online correction can beat on this run's noise."""
+    prefill tokens, sequences, KV tokens), in sample: what no online correction can beat on this run's noise.
+    In-sample residuals of a p-parameter least-squares fit on n steps understate the noise by sqrt((n - p) / n)
+    (a 20-step window with 5 features: 13 %), so the floor is scaled back by sqrt(n / (n - p))."""
+    import math
+
     import numpy as np
 
     m, X = _shape_matrix(recs)
     th, *_ = np.linalg.lstsq(X / m[:, None], np.ones(len(m)), rcond=None)
-    return float(np.median(np.abs(X @ th - m) / m))
+    n, p = X.shape
+    return float(np.median(np.abs(X @ th - m) / m)) * math.sqrt(n / max(1, n - p))
 
 
 def _online_baseline(recs: list[dict], lo: int, hi: int) -> float:
