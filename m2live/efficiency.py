@@ -138,8 +138,8 @@ class ArchConstants:
 #   at 0.73 / 0.88 / 0.89 of DRAM peak;
 #   ~3.5 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.0 / 2.3 / 0.7 us;
 #   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
-#   (OpModel._relayout); one decode CTA streams at most 22 GB/s on the A100 (FA2 runs one CTA per head over
-#   plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
+#   (OpModel.decode_attention, as three memory-bound kernels); one decode CTA streams at most 22 GB/s on the
+#   A100 (FA2 runs one CTA per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
 #   constants (item_cost, cta_bw, t_split, t_relayout) were refitted with the relayout copies priced as bytes and
 #   FA2's per-item cost by query rows (decode_tile_cost below), `--gpus a100_sxm --only
 #   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %; then again with FA2's own split rule

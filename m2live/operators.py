@@ -251,12 +251,13 @@ class OpModel:
         sms = self.gpu.sms
         grouped = heads > kv_heads
         group = heads // kv_heads if grouped else 1  # query heads per CTA (plain multi-head: one)
+        fa2 = c.decode_split_rule == "fa2"  # FlashAttention-2: its own split rule, one CTA per item
         split = 1
         kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
         if c.decode_split_rule == "trtllm":
             split = max(1, min(kv_blocks, sms // items))
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
-            split = (fa2_splits if c.decode_split_rule == "fa2" else decode_splits)(items, kv_blocks, sms)
+            split = (fa2_splits if fa2 else decode_splits)(items, kv_blocks, sms)
         ctas = items * split
         tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
         if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
@@ -264,7 +265,7 @@ class OpModel:
         # FA2 launches one CTA per item and the SM given the most items finishes last (whole waves of items: 128
         # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
-        waves = math.ceil(items / sms) if c.decode_split_rule == "fa2" else items / sms
+        waves = math.ceil(items / sms) if fa2 else items / sms
         t_items = waves * c.item_cost * tile_cost
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
@@ -294,7 +295,11 @@ class OpModel:
         # a grid smaller than the SMs computes on as many SMs as it has CTAs
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
-            t_after += c.t_relayout + self._relayout(n_seqs * heads * head_dim)
+            # FA2's grouped-query layout (seqlenq_ngroups_swapped) copies q before the kernel and the output and q
+            # back after it, batch x heads x head_dim elements each, read and written (views only with one
+            # sequence or one KV head): their launches are t_relayout, their traffic three memory-bound kernels'
+            copied = 2.0 * self.attn_elt * n_seqs * heads * head_dim * RELAYOUT_COPIES
+            t_after += c.t_relayout + self.elementwise(copied, RELAYOUT_COPIES).t_memory
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
     def _tile_makespan_fill(self, n: int, work: float, u_max: float) -> float:
@@ -330,23 +335,13 @@ class OpModel:
         2048 resident threads on an A100 hold 16 CTAs of one KV head's 128 threads but only 4 of 4 KV heads'
         512). So the time is the larger of streaming the bytes and the waves of CTAs after the first (the
         launch and first wave are in t_attn_over) at t_cache_cta each."""
-        nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
-        t = nbytes / (self.bw * self._eta_mem(nbytes))
+        t = self.elementwise(4.0 * self.attn_elt * kv_heads * head_dim * tokens).t_memory
         if self.c.t_cache_cta > 0:  # (no tokens: zero waves, the stream's 0 stands)
             max_threads, max_ctas = self.gpu.sm_limits
             resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit
             waves = -(-tokens // (self.gpu.sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
         return t
-
-    def _relayout(self, elements: int) -> float:
-        """FlashAttention-2's varlen decode with grouped queries (``seqlenq_ngroups_swapped``) makes each KV
-        head's query heads the rows of one tile: it reshapes q from (batch, heads) to (batch x group, KV heads)
-        before the kernel and the output and q back after it — three strided copies of batch x heads x head_dim
-        elements, each read and written (six passes), views only when the batch or the KV heads are one. Their
-        launches are in t_relayout; this is their DRAM traffic, which grows with the batch."""
-        per_copy = 2.0 * self.attn_elt * elements
-        return RELAYOUT_COPIES * per_copy / (self.bw * self._eta_mem(per_copy))
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""
