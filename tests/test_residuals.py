@@ -84,3 +84,32 @@ def test_before_fit_uses_ratio_and_ignores_bad_measurements(predictor):
     assert tr.correct(p, s) == pytest.approx(2 * p.total_s, rel=1e-6)
     with pytest.raises(ValueError):
         ResidualTracker(window=2)
+
+
+def test_warm_up_refits_every_step_however_costly(predictor, monkeypatch):
+    """Through the first 4 x min_fit steps every step refits even when a refit costs more than the
+    steps it corrects (an engine's first tens of steps drift in speed; a refit gated on its cost left the
+    correction up to eight steps stale there); after that the cost gate spaces the refits out."""
+    import m2live.residuals as residuals
+
+    clock = [0.0]
+
+    def thread_time() -> float:  # every refit appears to cost 50 ms of CPU, ten times the steps below
+        clock[0] += 0.025
+        return clock[0]
+
+    monkeypatch.setattr(residuals.time, "thread_time", thread_time)
+    rng = random.Random(3)
+    tr = ResidualTracker(min_fit=8)
+    warm = 4 * tr.min_fit
+    changed = []
+    last = None
+    for i in range(1, warm + 17):
+        s = _random_step(rng)
+        p = predictor.predict(s, f_clk=1.0)
+        tr.update(s, p, _truth(p, s, rng, noise=0.1) * (1 + 0.8 * 0.9**i))  # slower first steps, fading
+        scales = tr.stats()["scales"]
+        changed.append(last is not None and scales != last)
+        last = scales
+    assert all(changed[tr.min_fit:warm])  # refitted on every warm-up step
+    assert not all(changed[warm:])  # then spaced out by the cost gate
