@@ -49,6 +49,12 @@ class ArchConstants:
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
     k_split: float = 512.0  # shortest K slice the library's split-K kernels hand one CTA (split <= K / k_split)
+    # how the GEMM library reduces split-K partial sums (a kernel fact): "kernel" — in a second kernel after the
+    # GEMM (cuBLAS's splitKreduce_kernel on Ampere and data-centre Blackwell), one more t_kernel; "serial" — inside
+    # the GEMM kernel (cuBLAS's sm90 "execute_segment_k" kernels): the last CTA of each output tile waits for the
+    # other K slices (t_fixup) and adds their fp32 partial tiles, read back through L2 (OpModel._gemm_base)
+    split_reduce: str = "kernel"
+    t_fixup: float = 0.0  # that wait (s): a semaphore hand-off and an L2 round trip; 0 where split_reduce is "kernel"
     t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
     # split-KV decode merged inside the kernel (decode_split_rule "trtllm"): the sequence's last CTA folds in the
     # splits' partial results one after another, t_merge each (s)
@@ -109,18 +115,19 @@ class ArchConstants:
 # - eta_tc 1.00 (A100), 0.98 (H100), 0.96 (B300) of the dense peak at the NVML max clock, with the burst clock
 #   in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
-# - eta_mem 0.77 (HBM2e, A100), 0.92 (HBM3, H100), 0.90 (HBM3e, B300): the streaming ceiling of each memory
+# - eta_mem 0.77 (HBM2e, A100), 0.91 (HBM3, H100), 0.90 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
 #   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
 #   72 ns on the B300 (W0 = 0.6 MB at 8 TB/s).
-# - i_crit 36 / 17 / 4.4 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
+# - i_crit 36 / 18 / 4.4 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
 #   minimum, ACTIVE_SOFTNESS): Ampere's mma.sync needs 128-wide tiles, Hopper's wgmma reads shared memory
 #   asynchronously, Blackwell's tcgen05 keeps its accumulators in TMEM and its operands in shared memory.
-# - k0 360 / 289 / 2 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
+# - k0 360 / 276 / 2 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
 #   while the next tile's main loop runs).
-# - k_split 768 / 2048 / 1536 K-elements (chosen on a grid): the shortest K slice cuBLAS's split-K hands a CTA.
-# - t_kernel 2.5 / 2.9 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice);
-#   overlap p 2.4 / 2.6 / 1.7: how hard the roofline max is near the ridge.
+# - k_split 768 / 1792 / 1536 K-elements (chosen on a grid): the shortest K slice cuBLAS's split-K hands a CTA.
+# - t_kernel 2.5 / 3.2 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice on the
+#   A100 and B300, whose cuBLAS reduces in a second kernel; the H100's reduces in the GEMM kernel: t_fixup 1.4 us
+#   and the partials' L2 traffic); overlap p 2.4 / 3.4 / 1.7: how hard the roofline max is near the ridge.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
 #   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
 #   prologue/epilogue of 169 / 447 / 646 keys per query row, the scores' exponentials on the SFUs added in
@@ -176,8 +183,13 @@ ARCH: dict[str, ArchConstants] = {
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.983339, i_crit=17.2375, k0=289.457, t_kernel=2.8945e-06, eta_mem=0.915559, overlap=2.60384,
-        t_ramp=0.0, k_split=2048,
+        eta_tc=0.982286, i_crit=18.3606, k0=276.376, t_kernel=3.2419e-06, eta_mem=0.907861, overlap=3.38655,
+        t_ramp=0.0, k_split=1792, t_fixup=1.39113e-06,
+        # cuBLAS's sm90 kernels reduce split-K in the GEMM kernel (split_reduce "serial"): on the H100 table at
+        # M <= 16 the time steps up by ~1 us where the split starts (N <= 4096, K 3584 -> 4096), not by a kernel
+        # launch (2.9 us) as on the A100, whose table shows no such step. Refitted with it (gemm group, --max-rows
+        # 5000): H100 GEMM 6.15 -> 5.58 %
+        split_reduce="serial",
         t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.733057, k0_attn=447.264, eta_attn_mem=0.88,
         item_cost=3.712e-06, block_cost=2.43752e-06, cta_bw=3.581e+13, t_split=2.284e-06, t_cache_cta=2.33146e-06,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
@@ -241,7 +253,7 @@ ARCH["cpu"] = ArchConstants(
 # else in ArchConstants is a kernel fact (tile shapes, query block, resident CTAs, split rule) that belongs to the
 # architecture's kernels and never transfers between them.
 FITTED_GROUPS: dict[str, tuple[str, ...]] = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta"),
 }

@@ -96,8 +96,8 @@ class OpModel:
     # ---- GEMM -----------------------------------------------------------------------------------
     def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float, float]:
         """(compute time at boost, DRAM time, eta_wave, eta_active, eta_duty, eta_mem, fixed time), cached per
-        shape. The fixed time is one kernel latency, two when K is split (the partial sums are reduced after the
-        main loop: a second kernel or a serialised fix-up pass)."""
+        shape. The fixed time is one kernel latency; when K is split, plus the partial sums' reduction: a second
+        kernel, or (``split_reduce`` "serial") the in-kernel fix-up's wait and its fp32 partials' L2 traffic."""
         key = (m, n, k)
         hit = self._gemm_cache.get(key)
         if hit is not None:
@@ -106,7 +106,11 @@ class OpModel:
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
-        fixed = self.c.t_kernel * (2 if e.split_k > 1 else 1)
+        fixed = self.c.t_kernel
+        if e.split_k > 1 and self.c.split_reduce == "serial":  # in-kernel: fp32 partial tiles written, read back
+            fixed += self.c.t_fixup + self.l2_time(8.0 * m * n * (e.split_k - 1))
+        elif e.split_k > 1:  # a second kernel
+            fixed += self.c.t_kernel
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
         if len(self._gemm_cache) > 65536:
             self._gemm_cache.clear()

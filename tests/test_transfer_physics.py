@@ -253,3 +253,28 @@ def test_more_exponential_units_never_slow_prefill_and_bind_where_tensor_cores_o
     ratio = [slow.prefill_attention([(16384, 0)], 32, 8, d).t / fast.prefill_attention([(16384, 0)], 32, 8, d).t
              for d in (64, 128, 256)]
     assert ratio[0] > ratio[1] > ratio[2] >= 1.0
+
+
+@pytest.mark.parametrize("gpu", [H100, H200])
+def test_hopper_reduces_split_k_in_the_gemm_kernel(gpu):
+    """cuBLAS's sm90 kernels add the split-K partial sums in the GEMM kernel: where the split starts the time
+    grows by the fix-up (well under a second kernel's launch, which Ampere's and B300's cuBLAS pay), and more K
+    never runs faster."""
+    from dataclasses import replace
+
+    from m2live.efficiency import gemm_efficiency
+
+    om = OpModel(get_gpu(gpu))
+    c = om.c
+    assert c.split_reduce == "serial" and 0 < c.t_fixup < c.t_kernel
+    assert all(ARCH[f].split_reduce == "kernel" for f in ("ampere", "blackwell"))
+    split_k = [k for k in range(1024, 16385, 512) if gemm_efficiency(1, 4096, k, om.gpu.sms, c).split_k > 1]
+    k = split_k[0]
+    t0, t1 = om.gemm(1, 4096, k - 512).t, om.gemm(1, 4096, k).t
+    bytes_step = om.gemm(1, 4096, k - 512).t_memory * 512 / (k - 512)  # the extra K's weight bytes
+    assert t1 - t0 < bytes_step + c.t_kernel  # not a second kernel
+    kernel = OpModel(get_gpu(gpu), constants=replace(c, split_reduce="kernel"))
+    assert kernel.gemm(1, 4096, k).t - om.gemm(1, 4096, k).t > 0.5 * (c.t_kernel - c.t_fixup)
+    for m in (1, 16, 256):
+        ts = [om.gemm(m, 4096, kk).t for kk in range(1024, 16385, 256)]
+        assert all(b >= a * (1 - 1e-9) for a, b in zip(ts, ts[1:], strict=False)), m
