@@ -94,8 +94,10 @@ def predict_rows(gpu: GpuSpec, c: ArchConstants, rows: Sequence[Row]) -> np.ndar
 
 def active(names: Iterable[str], prior: ArchConstants) -> list[str]:
     """Constants worth fitting: a log-fitted constant whose prior is 0 is a path this architecture's kernels never
-    take (e.g. FA2's relayout on Hopper), so it stays 0."""
-    return [n for n in dict.fromkeys(names) if n in LINEAR or getattr(prior, n) > 0]
+    take (e.g. FA2's relayout on Hopper), so it stays 0; the split-K fix-up's wait only where the GEMM library
+    reduces split-K in its kernel (``split_reduce`` "serial": elsewhere no prediction depends on it)."""
+    return [n for n in dict.fromkeys(names) if (n in LINEAR or getattr(prior, n) > 0)
+            and (n != "t_fixup" or prior.split_reduce == "serial")]
 
 
 class Params:
