@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from .hardware import GpuSpec
 
 
+# the values each string-valued kernel fact of ArchConstants may take (tile_rule: "" or a key of TILE_RULES)
+KERNEL_FACT_VALUES: dict[str, frozenset[str]] = {
+    "split_reduce": frozenset({"kernel", "serial"}),
+    "decode_split_rule": frozenset({"flash", "fa2", "trtllm"}),
+    "attn_tile_order": frozenset({"grid", "lpt"}),
+    "tile_rule": frozenset({"", "cutlass_sm90_fp8"}),
+}
+
+
 @dataclass(frozen=True)
 class ArchConstants:
     """Per-architecture constants. Units: seconds, bytes, elements; efficiencies are ratios."""
@@ -105,6 +114,12 @@ class ArchConstants:
     q_sm_bw: float = 0.0  # bytes/s one SM's quantisation CTAs stream (one row each: few bytes in flight)
     fitted_on: str = ""
     borrowed_from: str | None = None
+
+    def __post_init__(self) -> None:
+        # the kernel facts named by a string: a misspelt one would silently take the default branch
+        for name, allowed in KERNEL_FACT_VALUES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ArchConstants.{name} must be one of {sorted(allowed)}, got {getattr(self, name)!r}")
 
 
 # Fitted by bench/fit_constants.py (`make fit`) on ../shared/data/opbench ONLY: ampere on the A100-SXM4-80GB

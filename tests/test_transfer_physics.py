@@ -278,3 +278,15 @@ def test_hopper_reduces_split_k_in_the_gemm_kernel(gpu):
     for m in (1, 16, 256):
         ts = [om.gemm(m, 4096, kk).t for kk in range(1024, 16385, 256)]
         assert all(b >= a * (1 - 1e-9) for a, b in zip(ts, ts[1:], strict=False)), m
+
+
+def test_a_misspelt_kernel_fact_is_refused():
+    """String-valued kernel facts take one of their known values (a typo would silently take a default branch)."""
+    from dataclasses import replace
+
+    from m2live.efficiency import KERNEL_FACT_VALUES, TILE_RULES
+
+    assert KERNEL_FACT_VALUES["tile_rule"] == {"", *TILE_RULES}
+    for name in KERNEL_FACT_VALUES:
+        with pytest.raises(ValueError, match=name):
+            replace(ARCH["hopper"], **{name: "no-such-value"})
