@@ -30,7 +30,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, transfer  # noqa: E402
+from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, in_use, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
 from m2live.validate import gemm_ms, in_core_region, measured, prefill_ms, read_table  # noqa: E402
@@ -120,9 +120,10 @@ def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], 
 
 def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], data: dict[str, list],
              maxiter: int, dtype: str = "bf16") -> ArchConstants:
-    # a zero is a path this arch never takes; grid constants are chosen on their grid
-    names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and n not in GRID.get(group, {})
-                  and (not ONLY or n in ONLY))
+    # a zero, or a constant only a kernel path this arch never takes prices (in_use), stays; grid constants are
+    # chosen on their grid
+    names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and in_use(base, n)
+                  and n not in GRID.get(group, {}) and (not ONLY or n in ONLY))
     x0 = np.array([math.log(getattr(base, n)) for n in names])
 
     def consts(x: np.ndarray) -> ArchConstants:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .efficiency import ArchConstants
+from .efficiency import ArchConstants, in_use
 from .hardware import GpuSpec
 from .validate import ATTN_COLS, GEMM_COLS, RowPredictor
 
@@ -94,10 +94,9 @@ def predict_rows(gpu: GpuSpec, c: ArchConstants, rows: Sequence[Row]) -> np.ndar
 
 def active(names: Iterable[str], prior: ArchConstants) -> list[str]:
     """Constants worth fitting: a log-fitted constant whose prior is 0 is a path this architecture's kernels never
-    take (e.g. FA2's relayout on Hopper), so it stays 0; the split-K fix-up's wait only where the GEMM library
-    reduces split-K in its kernel (``split_reduce`` "serial": elsewhere no prediction depends on it)."""
-    return [n for n in dict.fromkeys(names) if (n in LINEAR or getattr(prior, n) > 0)
-            and (n != "t_fixup" or prior.split_reduce == "serial")]
+    take, so it stays 0; and one that only a kernel path the GPU's own kernel facts never take prices (FA2's
+    relayout on Hopper, the in-kernel split-K fix-up on the A100: ``efficiency.in_use``) is not fitted at all."""
+    return [n for n in dict.fromkeys(names) if (n in LINEAR or getattr(prior, n) > 0) and in_use(prior, n)]
 
 
 class Params:

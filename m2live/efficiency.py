@@ -19,6 +19,7 @@ constants of the nearest measured one (named in ``borrowed_from``); their datash
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -27,12 +28,31 @@ if TYPE_CHECKING:
     from .hardware import GpuSpec
 
 
-# the values each string-valued kernel fact of ArchConstants may take (tile_rule: "" or a key of TILE_RULES)
+def _cutlass_sm90_fp8(m: int, n: int, k: int) -> tuple[int, int]:
+    """vLLM's CUTLASS fp8 scaled-mm on sm90 (csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh):
+    M <= 16 swaps A and B into a 64 (N) x 16 (M) tile; M in (16, 64] the same for N <= 1280, else 64 x 64; M in
+    (64, 128] 64 x 128; larger M 128 x 128. (BM, BN) = rows of M, columns of N per tile; no split-K (persistent
+    scheduler)."""
+    if m <= 16 or (m <= 64 and n <= 1280):
+        return 16, 64
+    if m <= 64:
+        return 64, 64
+    return (64, 128) if m <= 128 else (128, 128)
+
+
+# Fixed tile dispatch by shape (ArchConstants.tile_rule): kernel facts read off the library's source. (The sm100
+# dispatch of the same file — M <= 16: 32 x 128 swapped, (16, 64]: 64 x 128 swapped, (64, 256]: 128 x 128, above:
+# 256 x 128 on a CTA pair — priced the B300's fp8 table worse than the least-time tile, refitted 7.1 -> 8.9 %, M in
+# (64, 256] 12-19 % slow: the source read may not be the version the table was measured with; not used.)
+TILE_RULES = {"cutlass_sm90_fp8": _cutlass_sm90_fp8}
+
+
+# the values each string-valued kernel fact of ArchConstants may take
 KERNEL_FACT_VALUES: dict[str, frozenset[str]] = {
     "split_reduce": frozenset({"kernel", "serial"}),
     "decode_split_rule": frozenset({"flash", "fa2", "trtllm"}),
     "attn_tile_order": frozenset({"grid", "lpt"}),
-    "tile_rule": frozenset({"", "cutlass_sm90_fp8"}),
+    "tile_rule": frozenset({"", *TILE_RULES}),  # "": the least-time tile
 }
 
 
@@ -273,6 +293,19 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
                   "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
+# Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no
+# prediction depends on the constant, and a fit (bench/fit_constants.py, m2live calibrate) leaves it alone.
+ONLY_WHERE: dict[str, Callable[[ArchConstants], bool]] = {
+    # the in-kernel split-K fix-up (a fixed tile dispatch never splits K: gemm_efficiency)
+    "t_fixup": lambda c: c.split_reduce == "serial" and not c.tile_rule,
+    "t_relayout": lambda c: c.split_needs_gqa,  # FA2's grouped-query relayout (OpModel.decode_attention)
+}
+
+
+def in_use(c: ArchConstants, name: str) -> bool:
+    """Whether any prediction under ``c`` depends on the constant ``name`` (``ONLY_WHERE``)."""
+    rule = ONLY_WHERE.get(name)
+    return rule is None or rule(c)
 
 
 def transfer(target: ArchConstants, source: ArchConstants) -> ArchConstants:
@@ -335,25 +368,6 @@ class GemmEfficiency:
     tile: tuple[int, int]
     split_k: int
     waves: int
-
-
-def _cutlass_sm90_fp8(m: int, n: int, k: int) -> tuple[int, int]:
-    """vLLM's CUTLASS fp8 scaled-mm on sm90 (csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh):
-    M <= 16 swaps A and B into a 64 (N) x 16 (M) tile; M in (16, 64] the same for N <= 1280, else 64 x 64; M in
-    (64, 128] 64 x 128; larger M 128 x 128. (BM, BN) = rows of M, columns of N per tile; no split-K (persistent
-    scheduler)."""
-    if m <= 16 or (m <= 64 and n <= 1280):
-        return 16, 64
-    if m <= 64:
-        return 64, 64
-    return (64, 128) if m <= 128 else (128, 128)
-
-
-# Fixed tile dispatch by shape (ArchConstants.tile_rule): kernel facts read off the library's source. (The sm100
-# dispatch of the same file — M <= 16: 32 x 128 swapped, (16, 64]: 64 x 128 swapped, (64, 256]: 128 x 128, above:
-# 256 x 128 on a CTA pair — priced the B300's fp8 table worse than the least-time tile, refitted 7.1 -> 8.9 %, M in
-# (64, 256] 12-19 % slow: the source read may not be the version the table was measured with; not used.)
-TILE_RULES = {"cutlass_sm90_fp8": _cutlass_sm90_fp8}
 
 
 def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmEfficiency:
@@ -568,10 +582,8 @@ for _fam in ("ada", "blackwell_rtx"):
                                  "no fp8 table of an mma.sync GPU")
 # What bench/fit_fp8.py fits (fit_constants' machinery, group "fp8_gemm"): the GEMM group plus the two constants
 # of the input quantisation that every opbench_fp8 row includes (the collector times vLLM's fp8 linear layer on
-# a bf16 input). Kept out of FITTED: the bf16 leave-one-GPU-out check has nothing to do with them. Not t_fixup:
-# vLLM's CUTLASS fp8 kernels never reduce split-K in-kernel (the H100's dispatch never splits; the B300's cuBLAS-
-# style split, where it prices one, is a second kernel), so no fp8 row depends on it.
-FITTED_GROUPS["fp8_gemm"] = (*(n for n in FITTED_GROUPS["gemm"] if n != "t_fixup"), "q_row", "q_sm_bw")
+# a bf16 input). Kept out of FITTED: the bf16 leave-one-GPU-out check has nothing to do with them.
+FITTED_GROUPS["fp8_gemm"] = (*FITTED_GROUPS["gemm"], "q_row", "q_sm_bw")
 
 
 def transfer_fp8(target: ArchConstants, source: ArchConstants) -> ArchConstants:

@@ -107,10 +107,9 @@ class OpModel:
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
         fixed = self.c.t_kernel
-        if e.split_k > 1 and self.c.split_reduce == "serial":  # in-kernel: fp32 partial tiles written, read back
-            fixed += self.c.t_fixup + self.l2_time(8.0 * m * n * (e.split_k - 1))
-        elif e.split_k > 1:  # a second kernel
-            fixed += self.c.t_kernel
+        if e.split_k > 1:  # in-kernel: the wait and the fp32 partial tiles written, read back; else a second kernel
+            serial = self.c.split_reduce == "serial"
+            fixed += self.c.t_fixup + self.l2_time(8.0 * m * n * (e.split_k - 1)) if serial else self.c.t_kernel
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
         if len(self._gemm_cache) > 65536:
             self._gemm_cache.clear()

@@ -72,14 +72,13 @@ CHOOSE_STEPS = 16  # the two candidate models are compared on this many recent o
 # at most ~1/REFIT_TIME_RATIO of its time), or until REFIT_MAX_GAP steps passed. The cost is the record thread's
 # own CPU time: its wall time also counts the waits for the GIL while the engine's thread holds it (on a busy
 # 2-core machine several times the fit itself), and gating on that left the warm-up fits eight steps apart.
-# During warm-up (the first WARM_REFIT·min_fit steps, the same steps that are scheduled to refit every step)
-# every step refits whatever it costs: the first fits decide the first tens of steps, there are few of them, and
-# the engine's own speed drifts then — on 14 runs of the tiny Llama (2 cores) its steps 0-10 ran 43 % slower than
-# its steady state, steps 10-20 38 %, steps 20-30 9 %. Warm-up ended at 16 steps, and a refit gated on its cost
-# from there left the correction up to eight steps stale while the speed still drifted: replayed on those runs
-# with a refit costing 3 ms, the median error over steps 10-30 was 0.655 of the rescue test's bound on average
-# (worst 1.21, a failure); refitting every step to 32 gives 0.575 (worst 0.85) at any refit cost. This costs
-# ~16 more refits (~1-2 ms each) once per engine.
+# During warm-up (the first WARM_REFIT·min_fit steps) every step refits whatever it costs: the first fits decide
+# the first tens of steps, there are few of them, and the engine's own speed drifts then — on 36 runs of the tiny
+# Llama (2 cores) its steps 0-10 ran 43 % slower than its steady state, steps 10-20 38 %, steps 20-30 9 %. Warm-up
+# ended at 16 steps, and a refit gated on its cost from there left the correction up to eight steps stale while the
+# speed still drifted: replayed on those runs, the median error over steps 10-30 was 0.62 of the rescue test's bound
+# on average (worst 1.21, a failure); refitting every step to 32 gives 0.56 (worst 0.85) at any refit cost. This
+# costs ~16 more refits (~1-2 ms each) once per engine.
 REFIT_TIME_RATIO = 20.0
 REFIT_MAX_GAP = 8
 WARM_REFIT = 4
@@ -349,12 +348,11 @@ class ResidualTracker:
             # the error quantile over a window of steps moves slowly: recompute it every 8 steps once warm
             if self.n <= 64 or self.n % 8 == 0:
                 self._upper_cache.clear()
-        every = 1 if self.n <= WARM_REFIT * self.min_fit else 4 if self.n <= 128 else self.refit_every
+        every = 4 if self.n <= 128 else self.refit_every
         self._since_ms += m_ms
-        if (self.n % every == 0 or self.n < self.min_fit) and (
-                self.n <= WARM_REFIT * self.min_fit
-                or self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
-                or self.n - self._refit_n >= max(REFIT_MAX_GAP, every)):
+        if self.n <= WARM_REFIT * self.min_fit or (self.n % every == 0 and (
+                self._since_ms >= REFIT_TIME_RATIO * self._refit_ms
+                or self.n - self._refit_n >= max(REFIT_MAX_GAP, every))):
             t0 = time.thread_time()
             self._refit()
             self._refit_ms = 1e3 * (time.thread_time() - t0)
