@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accuracy_fp8 import score_fp8  # noqa: E402  (the "fp8" section: opbench_fp8 GEMMs)
 from accuracy_mamf import score_mamf  # noqa: E402  (public matmul ceilings: validation only)
 
-from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, transfer  # noqa: E402
+from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, in_use, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.planner import roofline_predictor  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
@@ -123,7 +123,8 @@ def loo_attribution() -> dict:
         loo = transfer(ARCH[arch], ARCH[OTHER[arch]])
         out[core[0][1]["device"]] = {
             "loo": score(loo), "in_sample": score(ARCH[arch]),
-            "loo_with_own": {n: score(replace(loo, **{n: getattr(ARCH[arch], n)})) for n in FITTED_GROUPS["gemm"]},
+            "loo_with_own": {n: score(replace(loo, **{n: getattr(ARCH[arch], n)})) for n in FITTED_GROUPS["gemm"]
+                             if in_use(ARCH[arch], n)},
         }
     return out
 

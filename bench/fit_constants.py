@@ -2,7 +2,7 @@
 
 Fits, per GPU folder of ../shared/data/opbench (A100-SXM4-80GB → ampere, H100 80GB HBM3 → hopper,
 B300 SXM6 AC → blackwell):
-  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, t_ramp, overlap, k_split (on a grid)
+  GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, t_ramp, overlap, k_split and k_balance (on grids)
                    on GEMMs with N,K in [1024, 16384]
   attention group  t_attn, t_attn_over, eta_attn, k0_attn, eta_attn_mem, item_cost, block_cost, cta_bw, t_split,
                    t_relayout on head_dim-128 attention rows
@@ -41,7 +41,8 @@ GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H1
 GROUPS = FITTED_GROUPS
 BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
-GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)},
+GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048),
+                 "k_balance": (768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144)},
         # vLLM's CUTLASS fp8 scaled-mm: 65536 = never splits K (its sm90/sm100 configs have no split-K; under a
         # fixed tile dispatch, efficiency.TILE_RULES, the split is off whatever the value)
         "fp8_gemm": {"k_split": (65536, 512, 1024, 1792, 4096)}}
@@ -111,6 +112,8 @@ def fit_group(gpu: str, base: ArchConstants, group: str, data: dict[str, list], 
     grid = GRID.get(group, {})
     for _ in range(rounds if grid else 1):
         for name, values in grid.items():
+            if not in_use(base, name):
+                continue
             scores = {v: sum(mape(gpu, replace(base, **{name: float(v)}), data, kinds, dtype).values())
                       for v in values}
             base = replace(base, **{name: float(min(scores, key=scores.__getitem__))})

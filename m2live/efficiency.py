@@ -52,7 +52,8 @@ KERNEL_FACT_VALUES: dict[str, frozenset[str]] = {
     "split_reduce": frozenset({"kernel", "serial"}),
     "decode_split_rule": frozenset({"flash", "fa2", "trtllm"}),
     "attn_tile_order": frozenset({"grid", "lpt"}),
-    "tile_rule": frozenset({"", *TILE_RULES}),  # "": the least-time tile
+    "tile_rule": frozenset({"", *TILE_RULES}),  # "": the tile_policy's pick
+    "tile_policy": frozenset({"least_time", "largest_filling"}),
 }
 
 
@@ -78,6 +79,9 @@ class ArchConstants:
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
     k_split: float = 512.0  # shortest K slice the library's split-K kernels hand one CTA (split <= K / k_split)
+    # shortest K slice when split-K evens out the last wave of a grid that already fills the SMs (tile_policy
+    # "largest_filling"; 0: k_split): such a split must pay back a reduction over every output element
+    k_balance: float = 0.0
     # how the GEMM library reduces split-K partial sums (a kernel fact): "kernel" — in a second kernel after the
     # GEMM (cuBLAS's splitKreduce_kernel on Ampere and data-centre Blackwell), one more t_kernel; "serial" — inside
     # the GEMM kernel (cuBLAS's sm90 "execute_segment_k" kernels): the last CTA of each output tile waits for the
@@ -126,8 +130,12 @@ class ArchConstants:
         (64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128),
     )
     # a library that dispatches a fixed tile by shape instead of a heuristic over ``tiles`` (TILE_RULES): "" = the
-    # least-time tile of ``tiles``
+    # tile_policy's pick
     tile_rule: str = ""
+    # how the library's heuristic picks among ``tiles`` (gemm_efficiency): "least_time" — the tile whose waves
+    # finish first; "largest_filling" — the largest tile whenever its grid fills every SM at least once, the
+    # last wave evened out by split-K rather than by a smaller tile (cuBLAS on Ampere; see ARCH["ampere"])
+    tile_policy: str = "least_time"
     memory: str = ""  # DRAM technology of the calibration GPU the DRAM efficiencies were fitted on
     # fp8 only (ARCH_FP8): vLLM's CUDA input quantisation (scaled_fp8_quant) runs one CTA per token row
     q_row: float = 0.0  # SM-time one token row costs each quantisation kernel (s)
@@ -150,19 +158,22 @@ class ArchConstants:
 # - eta_tc 1.00 (A100), 0.98 (H100), 0.96 (B300) of the dense peak at the NVML max clock, with the burst clock
 #   in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
-# - eta_mem 0.77 (HBM2e, A100), 0.91 (HBM3, H100), 0.90 (HBM3e, B300): the streaming ceiling of each memory
+# - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.92 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
 #   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
-#   72 ns on the B300 (W0 = 0.6 MB at 8 TB/s).
-# - i_crit 36 / 18 / 4.4 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
+#   103 ns on the B300 (W0 = 0.8 MB at 8 TB/s).
+# - i_crit 34 / 18 / 4.5 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
 #   minimum, ACTIVE_SOFTNESS): Ampere's mma.sync needs 128-wide tiles, Hopper's wgmma reads shared memory
 #   asynchronously, Blackwell's tcgen05 keeps its accumulators in TMEM and its operands in shared memory.
-# - k0 360 / 276 / 2 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
+# - k0 312 / 276 / 2 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
 #   while the next tile's main loop runs).
 # - k_split 768 / 1792 / 1536 K-elements (chosen on a grid): the shortest K slice cuBLAS's split-K hands a CTA.
-# - t_kernel 2.5 / 3.2 / 2.2 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice on the
-#   A100 and B300, whose cuBLAS reduces in a second kernel; the H100's reduces in the GEMM kernel: t_fixup 1.4 us
-#   and the partials' L2 traffic); overlap p 2.4 / 3.4 / 1.7: how hard the roofline max is near the ridge.
+# - t_kernel 2.6 / 3.2 / 2.1 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice on the
+#   A100 and B300, whose cuBLAS reduces in a second kernel that reads the slices' fp32 partials back; the H100's
+#   reduces in the GEMM kernel: t_fixup 1.4 us and the partials' L2 traffic); overlap p 2.6 / 3.4 / 1.7: how hard
+#   the roofline max is near the ridge. The A100's GEMM group was refitted with its cuBLAS tile policy
+#   (tile_policy "largest_filling") and the B300's with the reduction's reads (A100 GEMM 6.55 -> 5.50 %, B300
+#   6.70 -> 6.88 %; results/constants.json "ampere_tile_policy"). k_balance 3072 (A100 only): see tile_policy.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
 #   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
 #   prologue/epilogue of 169 / 447 / 646 keys per query row, the scores' exponentials on the SFUs added in
@@ -189,8 +200,8 @@ class ArchConstants:
 #   3.7 -> 3.5 us).
 ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
-        eta_tc=0.999855, i_crit=36.1567, k0=359.711, t_kernel=2.49981e-06, eta_mem=0.773464, overlap=2.40165,
-        t_ramp=0.0, k_split=768,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
+        eta_tc=0.999877, i_crit=33.6511, k0=311.773, t_kernel=2.65569e-06, eta_mem=0.76065, overlap=2.65677,
+        t_ramp=0.0, k_split=768, k_balance=3072,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
         t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.7334,
         item_cost=3.53613e-06, block_cost=2.70876e-07, cta_bw=2.21412e+10, t_split=6.04021e-06, t_relayout=6.31168e-06,
         t_cache_cta=4.54008e-06,
@@ -215,6 +226,15 @@ ARCH: dict[str, ArchConstants] = {
         # 8 / 16 / 32 / 48 / 64 — these ratios, read off opbench a100_sxm (A100 decode 7.12 -> 6.59 %).
         # The KV stream is untouched: masked rows are computed all the same, so the tile is always 64 rows.
         decode_tile_cost=((8, 1.0), (16, 1.05), (32, 1.17), (48, 1.39), (64, 1.54)),
+        # cuBLAS's Ampere heuristic keeps its largest tile (128 x 256) once that grid fills the 108 SMs, and evens
+        # out the last wave with split-K instead of taking a smaller tile: on the A100 table every GEMM whose
+        # 128 x 256 grid is 1.0-1.5 waves at K <= 4096 takes the two full waves of that tile (M x N from 3.7 M to
+        # 6.3 M outputs all run 204 +- 3 us at K = 4096, where the least-time tile gives 152-165 us), and at
+        # K >= 6144 the same tile split in 2-3 K slices (4096 x 1024 x 10240: 358 us measured, 356 us split 3,
+        # 498 us unsplit, 358 us least-time tile): a K slice of at least k_balance = 3072 (chosen on a grid; the
+        # table's splits: K 6144 in 2, 8192 in 2 not 3, 10240 and 12288 in 3), where the small-M splits that fill
+        # the SMs go down to k_split = 768
+        tile_policy="largest_filling",
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
@@ -234,8 +254,8 @@ ARCH: dict[str, ArchConstants] = {
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
     "blackwell": ArchConstants(
-        eta_tc=0.963656, i_crit=4.44451, k0=1.88855, t_kernel=2.2199e-06, eta_mem=0.904815, overlap=1.67744,
-        t_ramp=7.20521e-08, k_split=1536,
+        eta_tc=0.956515, i_crit=4.50441, k0=1.93045, t_kernel=2.14488e-06, eta_mem=0.919452, overlap=1.72038,
+        t_ramp=1.02829e-07, k_split=1536,
         t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.893425, k0_attn=645.598, eta_attn_mem=0.861846,
         item_cost=1.57828e-06, block_cost=6.91527e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
         t_cache_cta=1.71772e-06,
@@ -268,9 +288,12 @@ ARCH: dict[str, ArchConstants] = {
 # Ada (sm_89) and GB202 (sm_120, RTX Blackwell) issue mma.sync like Ampere and run FlashAttention-2 in vLLM —
 # GB202 has neither Hopper's wgmma nor data-centre Blackwell's tcgen05/TMEM, so Hopper/B300 numbers would
 # describe kernels it cannot run. Their own datasheets (SMs, clocks, peaks, memory, L2) do the rest.
-ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
-ARCH["blackwell_rtx"] = replace(ARCH["ampere"], borrowed_from="ampere (GB202/sm_120 issues mma.sync and runs "
-                                "FA2: no wgmma, no tcgen05/TMEM)")
+# Their tile pick is the least-time one: the A100's cuBLAS tile policy is that chip's (TILE_POLICY_CHIPS).
+ARCH["ada"] = replace(ARCH["ampere"], tile_policy="least_time",
+                      borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
+ARCH["blackwell_rtx"] = replace(ARCH["ampere"], tile_policy="least_time",
+                                borrowed_from="ampere (GB202/sm_120 issues mma.sync and runs FA2: no wgmma, "
+                                "no tcgen05/TMEM)")
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
 # The CPU device (m2live/cpu_device.py) measures the engine's own kernels' *effective* FLOP/s and bandwidth, so
 # the GEMM factors are 1 here (eta_tc = 1, no operand-feed limit, full streaming efficiency); the per-call costs
@@ -288,7 +311,8 @@ ARCH["cpu"] = ArchConstants(
 # else in ArchConstants is a kernel fact (tile shapes, query block, resident CTAs, split rule) that belongs to the
 # architecture's kernels and never transfers between them.
 FITTED_GROUPS: dict[str, tuple[str, ...]] = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup",
+             "k_balance"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta"),
 }
@@ -299,6 +323,8 @@ ONLY_WHERE: dict[str, Callable[[ArchConstants], bool]] = {
     # the in-kernel split-K fix-up (a fixed tile dispatch never splits K: gemm_efficiency)
     "t_fixup": lambda c: c.split_reduce == "serial" and not c.tile_rule,
     "t_relayout": lambda c: c.split_needs_gqa,  # FA2's grouped-query relayout (OpModel.decode_attention)
+    # the slices of a split that evens out a full grid's last wave (gemm_efficiency)
+    "k_balance": lambda c: c.tile_policy == "largest_filling" and not c.tile_rule,
 }
 
 
@@ -331,10 +357,19 @@ def memory_ceiling(memory: str) -> float | None:
     return MEMORY_PUBLIC_CEILING.get(memory)
 
 
+# cuBLAS tunes its tile heuristics per chip (and per release): a tile policy other than the least-time pick is
+# applied only on the chips a table showed it on. "largest_filling" was seen on the A100 (sm_80, opbench a100_sxm,
+# the cuBLAS of vLLM 0.14); the family's other chips (A10, A40: sm_86) and the families that borrow Ampere's
+# kernels (Ada, GB202) keep the least-time pick.
+TILE_POLICY_CHIPS: dict[str, tuple[tuple[int, int], ...]] = {"largest_filling": ((8, 0),)}
+
+
 def constants_for(gpu: GpuSpec, dtype: str = "bf16") -> ArchConstants:
     """The constants m2live uses on ``gpu``: its kernel family's, with the DRAM efficiencies moved to the GPU's
     own memory technology. A calibration (``m2live calibrate``) replaces fields of this on top."""
     c = arch_constants(gpu.kernel_family, dtype)
+    if gpu.compute_capability not in TILE_POLICY_CHIPS.get(c.tile_policy, (gpu.compute_capability,)):
+        c = replace(c, tile_policy="least_time")
     own, fitted = memory_ceiling(gpu.memory), memory_ceiling(c.memory)
     if own is None or fitted is None or own == fitted:
         return c
@@ -370,30 +405,50 @@ class GemmEfficiency:
     waves: int
 
 
-def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants) -> GemmEfficiency:
-    """Pick the tile a good GEMM heuristic would pick (least time) — or the one the library's fixed dispatch
-    picks (``tile_rule``) — and return its factors.
+def _tile_time(m: int, n: int, k: int, sms: int, c: ArchConstants, bm: int, bn: int, split: int
+               ) -> tuple[float, GemmEfficiency]:
+    """One tile and K split: (time in units of one SM's MACs at peak, the factors)."""
+    ctas = -(-m // bm) * -(-n // bn)
+    kk = k / split
+    waves = -(-(ctas * split) // sms)
+    intensity = bm * bn / (bm + bn)
+    active = c.eta_tc * (1.0 + (c.i_crit / intensity) ** ACTIVE_SOFTNESS) ** (-1.0 / ACTIVE_SOFTNESS)
+    duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
+    wave = (m * n * k) / (waves * sms * bm * bn * kk)
+    return waves * bm * bn * kk / (active * duty), GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves)
+
+
+def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants,
+                    reduce_macs: Callable[[int], float] | None = None) -> GemmEfficiency:
+    """Pick the tile the library picks and return its factors: the fixed dispatch's (``tile_rule``), the
+    least-time one of ``tiles``, or (``tile_policy`` "largest_filling") the largest tile once its grid fills the
+    SMs.
 
     For each candidate tile (BM, BN): the grid is ceil(M/BM)*ceil(N/BN) CTAs; if that is less than one wave,
-    K is split so the grid fills the SMs (as cuBLAS split-K does for small-M GEMMs; a fixed dispatch never splits). Time in units of
-    "one SM at peak" is waves * BM*BN*(K/split) / (eta_active * eta_duty); the least time wins.
+    K is split so the grid fills the SMs (as cuBLAS split-K does for small-M GEMMs; a fixed dispatch never
+    splits). Time in units of "one SM at peak" is waves * BM*BN*(K/split) / (eta_active * eta_duty); the least
+    time wins. Under "largest_filling", a largest tile whose grid is a wave or more runs alone, its K split into
+    as many slices (each >= k_balance) as evens out its last wave best once the reduction is paid
+    (``reduce_macs(split)``: reducing that many partial sums, in the same units; without it no such split).
     """
+    if c.tile_rule:  # a fixed dispatch (CUTLASS configs) never splits K
+        bm, bn = TILE_RULES[c.tile_rule](m, n, k)
+        return _tile_time(m, n, k, sms, c, bm, bn, 1)[1]
+    tiles = c.tiles
+    if c.tile_policy == "largest_filling":
+        big = max(tiles, key=lambda t: (t[0] * t[1], -(-(-m // t[0]) * -(-n // t[1]))))  # ties: fewer CTAs
+        if -(-m // big[0]) * -(-n // big[1]) >= sms:
+            most = int(k // (c.k_balance or c.k_split)) if reduce_macs is not None and k >= 1024 else 1
+            splits = range(1, max(1, most) + 1)
+            return min((_tile_time(m, n, k, sms, c, *big, s) for s in splits),
+                       key=lambda t: t[0] + (reduce_macs(t[1].split_k) if t[1].split_k > 1 else 0.0))[1]
     best: tuple[float, GemmEfficiency] | None = None
-    for bm, bn in ((TILE_RULES[c.tile_rule](m, n, k),) if c.tile_rule else c.tiles):
-        tm, tn = -(-m // bm), -(-n // bn)
-        ctas = tm * tn
-        split = 1
-        if ctas < sms and k >= 1024 and not c.tile_rule:  # a fixed dispatch (CUTLASS configs) never splits K
-            split = max(1, min(sms // ctas, int(k // c.k_split)))
-        kk = k / split
-        waves = -(-(ctas * split) // sms)
-        intensity = bm * bn / (bm + bn)
-        active = c.eta_tc * (1.0 + (c.i_crit / intensity) ** ACTIVE_SOFTNESS) ** (-1.0 / ACTIVE_SOFTNESS)
-        duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
-        cost = waves * bm * bn * kk / (active * duty)
-        if best is None or cost < best[0]:
-            wave = (m * n * k) / (waves * sms * bm * bn * kk)
-            best = (cost, GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves))
+    for bm, bn in tiles:
+        ctas = -(-m // bm) * -(-n // bn)
+        split = max(1, min(sms // ctas, int(k // c.k_split))) if ctas < sms and k >= 1024 else 1
+        cand = _tile_time(m, n, k, sms, c, bm, bn, split)
+        if best is None or cand[0] < best[0]:
+            best = cand
     assert best is not None
     return best[1]
 
@@ -578,7 +633,9 @@ ARCH_FP8: dict[str, ArchConstants] = {
 # its bf16 constants (themselves borrowed from Ampere) with its own fp8 datasheet peak; GB202 (sm_120) likewise.
 for _fam in ("ada", "blackwell_rtx"):
     if _fam in ARCH:
-        ARCH_FP8[_fam] = replace(ARCH[_fam], borrowed_from=f"{_fam} bf16 constants ({ARCH[_fam].borrowed_from}): "
+        # vLLM's fp8 GEMMs are CUTLASS kernels, not cuBLAS: the Ampere cuBLAS tile policy does not apply
+        ARCH_FP8[_fam] = replace(ARCH[_fam], tile_policy="least_time",
+                                 borrowed_from=f"{_fam} bf16 constants ({ARCH[_fam].borrowed_from}): "
                                  "no fp8 table of an mma.sync GPU")
 # What bench/fit_fp8.py fits (fit_constants' machinery, group "fp8_gemm"): the GEMM group plus the two constants
 # of the input quantisation that every opbench_fp8 row includes (the collector times vLLM's fp8 linear layer on

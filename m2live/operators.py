@@ -102,19 +102,26 @@ class OpModel:
         hit = self._gemm_cache.get(key)
         if hit is not None:
             return hit
-        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c)
+        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c,
+                            lambda split: self._split_reduce(m, n, split) * self.peak / (2.0 * self.gpu.sms))
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
-        fixed = self.c.t_kernel
-        if e.split_k > 1:  # in-kernel: the wait and the fp32 partial tiles written, read back; else a second kernel
-            serial = self.c.split_reduce == "serial"
-            fixed += self.c.t_fixup + self.l2_time(8.0 * m * n * (e.split_k - 1)) if serial else self.c.t_kernel
+        fixed = self.c.t_kernel + (self._split_reduce(m, n, e.split_k) if e.split_k > 1 else 0.0)
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
         if len(self._gemm_cache) > 65536:
             self._gemm_cache.clear()
         self._gemm_cache[key] = out
         return out
+
+    def _split_reduce(self, m: int, n: int, split: int) -> float:
+        """Reducing ``split`` K slices' fp32 partial sums of an M x N output (s): in the GEMM kernel (``split_reduce``
+        "serial": the last CTA of a tile waits, t_fixup, for the other slices to write their partials and reads
+        them back through L2) or in a second kernel (one more t_kernel and every slice's partials read back
+        through L2; the GEMM's stores of them retire under its main loop, as its output stores do)."""
+        if self.c.split_reduce == "serial":
+            return self.c.t_fixup + self.l2_time(8.0 * m * n * (split - 1))
+        return self.c.t_kernel + self.l2_time(4.0 * m * n * split)
 
     def gemm(self, m: int, n: int, k: int, f_clk: float = 1.0, l2_warm: bool = False,
              quantize: bool = True) -> OpTime:

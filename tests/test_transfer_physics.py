@@ -10,6 +10,7 @@ import pytest
 
 from m2live.efficiency import (
     ARCH,
+    ARCH_FP8,
     BURST_HEADROOM,
     clock_ratio,
     constants_for,
@@ -278,6 +279,42 @@ def test_hopper_reduces_split_k_in_the_gemm_kernel(gpu):
     for m in (1, 16, 256):
         ts = [om.gemm(m, 4096, kk).t for kk in range(1024, 16385, 256)]
         assert all(b >= a * (1 - 1e-9) for a, b in zip(ts, ts[1:], strict=False)), m
+
+
+def test_ampere_cublas_keeps_its_largest_tile_once_that_grid_fills_the_sms():
+    """cuBLAS on Ampere runs its 128 x 256 tile once that grid covers every SM, two full waves rather than a
+    smaller tile, and evens out the last wave by split-K only once the slices reach k_balance: on the A100 table
+    4096 x 1024 runs 205 us at K = 4096, 257 us at K = 5120 and 249 us at K = 6144 (split in two) — the least-time
+    tile priced them 152 / 187 / 221 us. The H100 and B300 keep the least-time pick."""
+    from m2live.efficiency import gemm_efficiency
+
+    a100 = OpModel(get_gpu("NVIDIA A100-SXM4-80GB"))
+    c = a100.c
+    assert c.tile_policy == "largest_filling" and c.k_balance > c.k_split
+
+    def pick(m: int, n: int, k: int):
+        reduce_macs = lambda s: a100._split_reduce(m, n, s) * a100.peak / (2.0 * a100.gpu.sms)  # noqa: E731
+        return gemm_efficiency(m, n, k, a100.gpu.sms, c, reduce_macs)
+
+    e = pick(4096, 1024, 4096)
+    assert e.tile in ((128, 256), (256, 128)) and e.split_k == 1 and e.waves == 2
+    assert pick(4096, 1024, 5120).split_k == 1
+    assert pick(4096, 1024, 6144).split_k == 2
+    assert 1.0 <= 4096 * 1024 / (128 * 256 * a100.gpu.sms) < 1.5  # the grid is 1.0-1.5 waves of the large tile
+    t = [a100.gemm(4096, 1024, k).t for k in (4096, 5120, 6144)]
+    assert t[0] < t[1] and t[2] <= t[1]  # as measured: the split makes K = 6144 no slower than 5120
+    assert pick(512, 4096, 4096).tile != (128, 256)  # under a wave of the large tile: the least-time pick
+    assert all(ARCH[f].tile_policy == "least_time" for f in ("hopper", "blackwell"))
+    assert all(ARCH_FP8[f].tile_policy == "least_time" for f in ARCH_FP8)  # vLLM's fp8 GEMMs are CUTLASS's
+
+
+def test_a_second_kernel_split_k_reduction_reads_the_partials():
+    """Where cuBLAS reduces split-K in a second kernel (A100, B300), that kernel reads every slice's fp32 partial
+    tile back: more slices or a larger output cost more, never less than a kernel launch."""
+    om = OpModel(get_gpu(B300))
+    assert om.c.split_reduce == "kernel"
+    r = [om._split_reduce(m, 4096, s) for m, s in ((16, 2), (16, 4), (256, 4))]
+    assert om.c.t_kernel < r[0] < r[1] < r[2]
 
 
 def test_a_misspelt_kernel_fact_is_refused():
