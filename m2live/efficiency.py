@@ -83,9 +83,10 @@ class ArchConstants:
     # "largest_filling"; 0: k_split): such a split must pay back a reduction over every output element
     k_balance: float = 0.0
     # how the GEMM library reduces split-K partial sums (a kernel fact): "kernel" — in a second kernel after the
-    # GEMM (cuBLAS's splitKreduce_kernel on Ampere and data-centre Blackwell), one more t_kernel; "serial" — inside
-    # the GEMM kernel (cuBLAS's sm90 "execute_segment_k" kernels): the last CTA of each output tile waits for the
-    # other K slices (t_fixup) and adds their fp32 partial tiles, read back through L2 (OpModel._gemm_base)
+    # GEMM (cuBLAS's splitKreduce_kernel on Ampere and data-centre Blackwell), one more t_kernel and the slices'
+    # fp32 partials read back through L2; "serial" — inside the GEMM kernel (cuBLAS's sm90 "execute_segment_k"
+    # kernels): the last CTA of each output tile waits for the other K slices (t_fixup) and adds their fp32
+    # partial tiles, read back through L2 (both: OpModel._split_reduce)
     split_reduce: str = "kernel"
     t_fixup: float = 0.0  # that wait (s): a semaphore hand-off and an L2 round trip; 0 where split_reduce is "kernel"
     t_split: float = 0.0  # split-KV decode: the extra combine kernel that merges the partial softmaxes (s)
@@ -172,7 +173,7 @@ class ArchConstants:
 #   A100 and B300, whose cuBLAS reduces in a second kernel that reads the slices' fp32 partials back; the H100's
 #   reduces in the GEMM kernel: t_fixup 1.4 us and the partials' L2 traffic); overlap p 2.6 / 3.4 / 1.7: how hard
 #   the roofline max is near the ridge. The A100's GEMM group was refitted with its cuBLAS tile policy
-#   (tile_policy "largest_filling") and the B300's with the reduction's reads (A100 GEMM 6.55 -> 5.50 %, B300
+#   (tile_policy "largest_filling") and the B300's with the reduction's reads (A100 GEMM 6.55 -> 5.39 %, B300
 #   6.70 -> 6.88 %; results/constants.json "ampere_tile_policy"). k_balance 3072 (A100 only): see tile_policy.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
 #   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
