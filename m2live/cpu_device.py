@@ -17,9 +17,9 @@ at the engine's torch thread count, on the served model's own projection shapes:
 
 Every figure is the best of several repeats (a measurement disturbed by another job can only come out slower,
 so the fastest repeat is the one closest to the machine), and the CPU time other processes took meanwhile is read
-from /proc: a measurement that shared the machine serves the run that took it and is taken again at the next start. The FLOP/s and bandwidth go into the ``GpuSpec``
-(registered under the name ``cpu``), the call costs and the attention efficiencies into an ``ArchConstants``
-(``device_constants``). They are cached in ``~/.cache/m2live/cpu_device.json`` (``$XDG_CACHE_HOME`` honoured)
+from /proc: a measurement that shared the machine serves the run that took it and is taken again at the next
+start. The FLOP/s and bandwidth go into the ``GpuSpec`` (registered under the name ``cpu``), the call costs and
+the attention efficiencies into an ``ArchConstants`` (``device_constants``). They are cached in ``~/.cache/m2live/cpu_device.json`` (``$XDG_CACHE_HOME`` honoured)
 under a key of everything that changes the answer: host, CPU model and ISA flags, the ISA overrides in the
 environment (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``), dtype, threads, torch and vLLM versions, the
 model's shapes. ``PriorCheck`` watches the first steps of a live run: when they disagree with the prediction by
@@ -260,6 +260,8 @@ def _best_of(a: dict, b: dict) -> dict:
         out[k] = max(a[k], b[k])
     for k in ("t_call", "t_attn"):
         out[k] = min(a[k], b[k])
+    if "others_cpus" in a and "others_cpus" in b:  # the quieter of the two (``_shared``)
+        out["others_cpus"] = min(a["others_cpus"], b["others_cpus"])
     return out
 
 
@@ -280,8 +282,7 @@ def measure(key: str, model: ModelShape | None, dtype: str, budget_s: float) -> 
         if not _disturbed(m):
             break
         time.sleep(1.0)
-        again = _timed(budget_s, model, dtype)
-        m = {**_best_of(m, again), "others_cpus": min(m["others_cpus"], again["others_cpus"])}
+        m = _best_of(m, _timed(budget_s, model, dtype))
     busy = busy or _disturbed(m) or _shared(m)
     m.update(key=key, measured_at=time.time(), threads=engine_threads(), mhz=cpuinfo_mhz() or _max_mhz(),
              busy=busy or _busy())

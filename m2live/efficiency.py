@@ -289,12 +289,11 @@ ARCH: dict[str, ArchConstants] = {
 # Ada (sm_89) and GB202 (sm_120, RTX Blackwell) issue mma.sync like Ampere and run FlashAttention-2 in vLLM —
 # GB202 has neither Hopper's wgmma nor data-centre Blackwell's tcgen05/TMEM, so Hopper/B300 numbers would
 # describe kernels it cannot run. Their own datasheets (SMs, clocks, peaks, memory, L2) do the rest.
-# Their tile pick is the least-time one: the A100's cuBLAS tile policy is that chip's (TILE_POLICY_CHIPS).
-ARCH["ada"] = replace(ARCH["ampere"], tile_policy="least_time",
-                      borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
-ARCH["blackwell_rtx"] = replace(ARCH["ampere"], tile_policy="least_time",
-                                borrowed_from="ampere (GB202/sm_120 issues mma.sync and runs FA2: no wgmma, "
-                                "no tcgen05/TMEM)")
+# Their tile pick is the least-time one: the A100's cuBLAS tile policy is that chip's (TILE_POLICY_CHIPS, applied
+# by constants_for).
+ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
+ARCH["blackwell_rtx"] = replace(ARCH["ampere"], borrowed_from="ampere (GB202/sm_120 issues mma.sync and runs "
+                                "FA2: no wgmma, no tcgen05/TMEM)")
 # A CPU "device" (the plugin on a machine with no GPU): no tiles or waves; the online correction does the rest.
 # The CPU device (m2live/cpu_device.py) measures the engine's own kernels' *effective* FLOP/s and bandwidth, so
 # the GEMM factors are 1 here (eta_tc = 1, no operand-feed limit, full streaming efficiency); the per-call costs
@@ -406,12 +405,16 @@ class GemmEfficiency:
     waves: int
 
 
+def _ctas(m: int, n: int, tile: tuple[int, int]) -> int:
+    """CTAs of an M x N output in (BM, BN) tiles."""
+    return -(-m // tile[0]) * -(-n // tile[1])
+
+
 def _tile_time(m: int, n: int, k: int, sms: int, c: ArchConstants, bm: int, bn: int, split: int
                ) -> tuple[float, GemmEfficiency]:
     """One tile and K split: (time in units of one SM's MACs at peak, the factors)."""
-    ctas = -(-m // bm) * -(-n // bn)
     kk = k / split
-    waves = -(-(ctas * split) // sms)
+    waves = -(-(_ctas(m, n, (bm, bn)) * split) // sms)
     intensity = bm * bn / (bm + bn)
     active = c.eta_tc * (1.0 + (c.i_crit / intensity) ** ACTIVE_SOFTNESS) ** (-1.0 / ACTIVE_SOFTNESS)
     duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
@@ -437,15 +440,15 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants,
         return _tile_time(m, n, k, sms, c, bm, bn, 1)[1]
     tiles = c.tiles
     if c.tile_policy == "largest_filling":
-        big = max(tiles, key=lambda t: (t[0] * t[1], -(-(-m // t[0]) * -(-n // t[1]))))  # ties: fewer CTAs
-        if -(-m // big[0]) * -(-n // big[1]) >= sms:
+        big = max(tiles, key=lambda t: (t[0] * t[1], -_ctas(m, n, t)))  # ties: fewer CTAs
+        if _ctas(m, n, big) >= sms:
             most = int(k // (c.k_balance or c.k_split)) if reduce_macs is not None and k >= 1024 else 1
             splits = range(1, max(1, most) + 1)
             return min((_tile_time(m, n, k, sms, c, *big, s) for s in splits),
                        key=lambda t: t[0] + (reduce_macs(t[1].split_k) if t[1].split_k > 1 else 0.0))[1]
     best: tuple[float, GemmEfficiency] | None = None
     for bm, bn in tiles:
-        ctas = -(-m // bm) * -(-n // bn)
+        ctas = _ctas(m, n, (bm, bn))
         split = max(1, min(sms // ctas, int(k // c.k_split))) if ctas < sms and k >= 1024 else 1
         cand = _tile_time(m, n, k, sms, c, bm, bn, split)
         if best is None or cand[0] < best[0]:
@@ -634,9 +637,7 @@ ARCH_FP8: dict[str, ArchConstants] = {
 # its bf16 constants (themselves borrowed from Ampere) with its own fp8 datasheet peak; GB202 (sm_120) likewise.
 for _fam in ("ada", "blackwell_rtx"):
     if _fam in ARCH:
-        # vLLM's fp8 GEMMs are CUTLASS kernels, not cuBLAS: the Ampere cuBLAS tile policy does not apply
-        ARCH_FP8[_fam] = replace(ARCH[_fam], tile_policy="least_time",
-                                 borrowed_from=f"{_fam} bf16 constants ({ARCH[_fam].borrowed_from}): "
+        ARCH_FP8[_fam] = replace(ARCH[_fam], borrowed_from=f"{_fam} bf16 constants ({ARCH[_fam].borrowed_from}): "
                                  "no fp8 table of an mma.sync GPU")
 # What bench/fit_fp8.py fits (fit_constants' machinery, group "fp8_gemm"): the GEMM group plus the two constants
 # of the input quantisation that every opbench_fp8 row includes (the collector times vLLM's fp8 linear layer on

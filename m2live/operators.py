@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .efficiency import (
     BENCH_CALLS,
     ArchConstants,
+    GemmEfficiency,
     attention_wave,
     clock_ratio,
     constants_for,
@@ -102,8 +103,7 @@ class OpModel:
         hit = self._gemm_cache.get(key)
         if hit is not None:
             return hit
-        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c,
-                            lambda split: self._split_reduce(m, n, split) * self.peak / (2.0 * self.gpu.sms))
+        e = self.gemm_pick(m, n, k)
         tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
@@ -113,6 +113,12 @@ class OpModel:
             self._gemm_cache.clear()
         self._gemm_cache[key] = out
         return out
+
+    def gemm_pick(self, m: int, n: int, k: int) -> GemmEfficiency:
+        """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
+        reductions priced in one SM's MACs at peak."""
+        sm_macs = self.peak / (2.0 * self.gpu.sms)
+        return gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs)
 
     def _split_reduce(self, m: int, n: int, split: int) -> float:
         """Reducing ``split`` K slices' fp32 partial sums of an M x N output (s): in the GEMM kernel (``split_reduce``

@@ -10,7 +10,6 @@ import pytest
 
 from m2live.efficiency import (
     ARCH,
-    ARCH_FP8,
     BURST_HEADROOM,
     clock_ratio,
     constants_for,
@@ -286,15 +285,12 @@ def test_ampere_cublas_keeps_its_largest_tile_once_that_grid_fills_the_sms():
     smaller tile, and evens out the last wave by split-K only once the slices reach k_balance: on the A100 table
     4096 x 1024 runs 205 us at K = 4096, 257 us at K = 5120 and 249 us at K = 6144 (split in two) — the least-time
     tile priced them 152 / 187 / 221 us. The H100 and B300 keep the least-time pick."""
-    from m2live.efficiency import gemm_efficiency
 
     a100 = OpModel(get_gpu("NVIDIA A100-SXM4-80GB"))
     c = a100.c
     assert c.tile_policy == "largest_filling" and c.k_balance > c.k_split
 
-    def pick(m: int, n: int, k: int):
-        reduce_macs = lambda s: a100._split_reduce(m, n, s) * a100.peak / (2.0 * a100.gpu.sms)  # noqa: E731
-        return gemm_efficiency(m, n, k, a100.gpu.sms, c, reduce_macs)
+    pick = a100.gemm_pick
 
     e = pick(4096, 1024, 4096)
     assert e.tile in ((128, 256), (256, 128)) and e.split_k == 1 and e.waves == 2
@@ -305,7 +301,13 @@ def test_ampere_cublas_keeps_its_largest_tile_once_that_grid_fills_the_sms():
     assert t[0] < t[1] and t[2] <= t[1]  # as measured: the split makes K = 6144 no slower than 5120
     assert pick(512, 4096, 4096).tile != (128, 256)  # under a wave of the large tile: the least-time pick
     assert all(ARCH[f].tile_policy == "least_time" for f in ("hopper", "blackwell"))
-    assert all(ARCH_FP8[f].tile_policy == "least_time" for f in ARCH_FP8)  # vLLM's fp8 GEMMs are CUTLASS's
+    # the policy is the A100's chip's (sm_80): every other GPU, and every fp8 GEMM (vLLM's are CUTLASS's), picks
+    # by least time
+    for g in all_gpus():
+        if g.arch != "cpu" and g.compute_capability != (8, 0):
+            assert constants_for(g).tile_policy == "least_time", g.name
+        if g.fp8_tflops is not None:
+            assert constants_for(g, "fp8").tile_policy == "least_time", g.name
 
 
 def test_a_second_kernel_split_k_reduction_reads_the_partials():
