@@ -11,6 +11,8 @@ at the engine's torch thread count, on the served model's own projection shapes:
 * the linear kernel on one token over a stack of the model's layer weights large enough to stream from memory
   as the engine does (the whole model when it is smaller than that) → effective **bandwidth**;
 * the same kernel on a few hundred tokens over one layer's weights → effective **FLOP/s**;
+* the stack again at the token count whose FLOPs take as long as its stream → how far the kernel overlaps its
+  FMAs with its weight stream (**overlap**, the GEMM model's p-norm exponent; ``cpu_kernels.overlap_exponent``);
 * the kernel on a 64 × 64 weight → its fixed **cost per call**;
 * the attention op on a decode batch (KV streaming), one causal prefill chunk (FLOP/s) and a one-token call
   (the floor of one attention call).
@@ -47,7 +49,7 @@ from .telemetry import cpuinfo_mhz
 
 log = logging.getLogger("m2live")
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: the linear kernel's overlap of FMAs and weight stream (``overlap``)
 MAX_ENTRIES = 16  # cache entries kept (one per machine x model x dtype x threads ...)
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16",
          "amx_int8", "amx_fp16", "asimd", "sve")
@@ -173,6 +175,7 @@ def constants_from_measurement(m: dict, scale: float = 1.0) -> ArchConstants:
         base, t_kernel=float(m.get("t_call", base.t_kernel)) / scale, t_attn=t_attn, t_attn_over=t_attn,
         eta_attn=min(4.0, max(1e-3, m.get("attn_flops", base.eta_attn * m["flops"]) / m["flops"])),
         eta_attn_mem=min(4.0, max(1e-3, m.get("attn_bw", base.eta_attn_mem * m["bw"]) / m["bw"])),
+        overlap=float(m.get("overlap", base.overlap)),
         fitted_on=f"measured at start-up on this machine: {m.get('kind', '')}",
     )
 

@@ -189,6 +189,15 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         xc = {k: _rand(m_c, k, dtype=tdt) for _, k in gemms.values()}
         tc = _best(lambda: [f(xc[k]) for f, k in layer0], 0.25 * budget_s, deadline=deadline)
         flops = flops_per_token * m_c / max(tc - len(gemms) * t_call, 0.2 * tc)
+        # overlap: the stack again, at the token count whose FLOPs take as long as its weights' stream (a
+        # decode batch of a few to a few tens of tokens); how much longer than the slower of the two it takes
+        # says how far the kernel overlaps its weight stream with its FMAs
+        m_mid = int(min(256, max(2, round(flops * elt / (2.0 * bw)))))
+        xm = {k: _rand(m_mid, k, dtype=tdt) for _, k in gemms.values()}
+        t_mid = _best(lambda: [f(xm[k]) for layer in stack for f, k in layer], 0.1 * budget_s, deadline=deadline)
+        t_stream = max(t1 - n_calls * t_call, 0.2 * t1)
+        overlap = overlap_exponent(copies * flops_per_token * m_mid / flops, t_stream,
+                                   max(t_mid - n_calls * t_call, 0.2 * t_mid))
         stack.clear()  # free the weights before the attention buffers
 
         heads, kvh, hd = ((model.heads, model.kv_heads, model.head_dim) if model is not None else DEFAULT_ATTN)
@@ -203,7 +212,30 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         attn_flops = 4.0 * heads * hd * (n_pf * (n_pf + 1) / 2) / max(t_pf - t_attn, 0.2 * t_pf)
     return {"flops": flops, "bw": bw, "t_call": t_call, "attn_flops": attn_flops, "attn_bw": attn_bw,
             "t_attn": t_attn, "gemm_tokens": m_c, "stream_mb": copies * layer_bytes / 1e6,
+            "overlap": overlap, "overlap_tokens": m_mid,
             "kind": f"{gemm_kind}, {attn_kind}, {dtype}"}
+
+
+OVERLAP_RANGE = (1.0, 8.0)  # the p of (t_c^p + t_m^p)^(1/p): 1 = compute and stream add up, 8 = the slower only
+
+
+def overlap_exponent(t_compute: float, t_stream: float, t_both: float) -> float:
+    """The p for which (t_compute^p + t_stream^p)^(1/p) = t_both: how a linear kernel's FMAs and weight
+    stream combine on this machine (OpModel.gemm's ``overlap``). Clamped to OVERLAP_RANGE: a pass slower than
+    the sum (another job cut in) reads as 1, one at the slower of the two as 8."""
+    lo, hi = OVERLAP_RANGE
+
+    def both(p: float) -> float:  # decreasing in p
+        return (t_compute**p + t_stream**p) ** (1.0 / p)
+
+    if not (t_compute > 0 and t_stream > 0 and t_both > 0) or t_both >= both(lo):
+        return lo
+    if t_both <= both(hi):
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if both(mid) > t_both else (lo, mid)
+    return round(0.5 * (lo + hi), 3)
 
 
 def _numpy_benchmark(budget_s: float) -> dict:

@@ -20,6 +20,9 @@ from m2live.cpu_device import (
     measurement,
     spec_from_measurement,
 )
+from m2live.cpu_kernels import OVERLAP_RANGE, overlap_exponent
+from m2live.efficiency import ARCH
+from m2live.predictor import OpModel
 from m2live.shapes import get_model
 
 
@@ -64,15 +67,36 @@ def test_measures_the_engines_kernels_and_caches_them(cache_home, tiny) -> None:
     else:  # read back, not measured again
         assert again["measured_at"] == m["measured_at"]
         m = again
+    assert 1.0 <= m["overlap"] <= 8.0 and m["overlap_tokens"] >= 2
     spec, c, key = cpu_device_model(tiny)
     if not m["busy"]:
         assert spec.name == "cpu" and spec.bf16_tflops == pytest.approx(m["flops"] / 1e12)
         assert spec.mem_bw_gbs == pytest.approx(m["bw"] / 1e9)
         assert c.t_kernel == pytest.approx(m["t_call"]) and c.t_attn == pytest.approx(m["t_attn"])
+        assert c.overlap == pytest.approx(m["overlap"])
     assert key == machine_key("bf16", tiny) and cpu_device(model=tiny).name == "cpu"
     # the prediction uses those numbers: a one-token step through the GEMMs costs at least the calls' fixed cost
     p = Predictor(spec, tiny, constants=c).predict(Step.build([], [100]), f_clk=1.0)
     assert p.ops["qkv"] >= tiny.layers * c.t_kernel
+
+
+def test_overlap_exponent_is_read_back_from_the_combined_pass() -> None:
+    # the p of (t_c^p + t_m^p)^(1/p) that gave a pass's time is recovered; beyond the sum (a job cut in) or at
+    # the slower of the two it is clamped to the range OpModel.gemm takes
+    for p in (1.0, 1.3, 2.0, 4.0):
+        for tc, tm in ((3.0, 3.0), (1.0, 4.0), (5.0, 2.0)):
+            both = (tc**p + tm**p) ** (1 / p)
+            assert overlap_exponent(tc, tm, both) == pytest.approx(p, abs=2e-3)
+    assert overlap_exponent(3.0, 3.0, 7.0) == OVERLAP_RANGE[0]
+    assert overlap_exponent(3.0, 3.0, 3.0) == OVERLAP_RANGE[1]
+    assert overlap_exponent(0.0, 3.0, 3.0) == OVERLAP_RANGE[0]
+    # and the constants carry it into the GEMM model: an additive kernel prices a decode batch higher
+    m = {"flops": 1e12, "bw": 50e9, "t_call": 5e-6, "t_attn": 1e-5, "kind": "x"}
+    spec = spec_from_measurement(m)
+    add, par = (OpModel(spec, constants=constants_from_measurement({**m, "overlap": p})) for p in (1.0, 8.0))
+    t_add, t_par = (om.gemm(16, 4096, 4096, 1.0).t for om in (add, par))
+    assert t_add > 1.3 * t_par
+    assert constants_from_measurement(m).overlap == ARCH["cpu"].overlap  # an old measurement: the default
 
 
 def test_prior_check_drops_a_measurement_the_engine_disagrees_with(cache_home, tiny) -> None:
