@@ -90,11 +90,12 @@ def main() -> int:
                            "seconds": time.perf_counter() - t0}
     result["examples"] = example_plans()
     result["notes"] = (
-        "Ranking decision quality on measured tables. With the available GPUs (A100/H100 in opbench; A100/H100/A40 "
-        "in Vidur) the measured best GPU is the H100 at every point, so per-GPU top-1, Spearman and regret are "
-        "necessary but weak checks; relative_speed_error (predicted vs measured time ratio to the best GPU) is "
-        "sharper. The 'layouts' blocks rank every GPU x TP layout by GPU-time (TP x shard time), where the "
-        "measured winner changes with M (A100 tp1 vs H100 tp1/tp2): a decision that is not trivial."
+        "Ranking decision quality on measured tables. In opbench (A100, H100, B300) the measured best GPU is the "
+        "B300 at every point, in Vidur (A100, H100, A40) the H100: per-GPU top-1, Spearman and regret are "
+        "necessary but weak checks there; relative_speed_error (predicted vs measured time ratio to the best GPU) "
+        "is sharper. The 'layouts' blocks rank every GPU x TP layout by GPU-time (TP x shard time), where the "
+        "measured winner changes with M (opbench: B300 tp1 vs tp2; Vidur: A100 tp1 vs H100 tp1/tp2): a "
+        "decision that is not trivial."
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
