@@ -204,7 +204,8 @@ def validate_opbench(dirs: Sequence[str], ms: Sequence[int] = VALIDATION_MS) -> 
     out["layouts"]["what"] = ("rank every GPU x TP layout of one model by GPU-time of its projections "
                               "(TP x per-GPU shard time: the cost a per-GPU throughput ranking sees; no "
                               "communication, the tables hold none)")
-    out["predictor"] = "OpModel.gemm via validate.RowPredictor (boost clock, L2-warm as in the opbench loops)"
+    out["predictor"] = ("OpModel.gemm via validate.RowPredictor (the power model's burst clock over the collector's "
+                        "calls, L2-warm as in the opbench loops: what m2live validate predicts)")
     out["baseline"] = "roofline max(FLOPs/peak, bytes/BW) with constant eta = 0.75"
     if len(tables) < 2:
         out["note"] = "fewer than two GPUs: nothing to rank"
