@@ -116,6 +116,25 @@ def test_prior_check_drops_a_measurement_the_engine_disagrees_with(cache_home, t
     assert measurement(model=tiny)["measured_at"] > m0["measured_at"]
 
 
+def test_prior_check_judges_the_device_by_its_slope_not_the_hosts_intercept(cache_home, tiny) -> None:
+    # steps whose device bodies span 1-30 ms, each measured as that body plus 10 ms of host work the kernels do
+    # not see: the ratio (up to 11x) would drop a right measurement; the slope (1.0) keeps it
+    pytest.importorskip("torch")
+    measurement(budget_s=0.3, model=tiny)
+    key = machine_key("bf16", tiny)
+    bodies = [1e-3, 30e-3, 2e-3, 15e-3, 1.5e-3, 8e-3, 1e-3, 25e-3]
+    chk = PriorCheck(key, tiny, "bf16", n=8)
+    for b in bodies:
+        chk.observe(b, b, b + 10e-3)
+    assert chk.verdict == pytest.approx(1.0) and not chk.remeasure_pending
+    assert key in json.loads(cache_path().read_text())["entries"]
+    # a device measurement 5x off is still seen through the same host work
+    chk = PriorCheck(key, tiny, "bf16", n=8)
+    for b in bodies:
+        chk.observe(b, b, 5 * b + 10e-3)
+    assert chk.verdict == pytest.approx(5.0) and chk.remeasure_pending
+
+
 def test_prior_check_keeps_a_measurement_that_agrees(cache_home, tiny) -> None:
     pytest.importorskip("torch")
     measurement(budget_s=0.3, model=tiny)
