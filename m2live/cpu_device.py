@@ -362,7 +362,7 @@ class PriorCheck:
         self.seen = 0
         self.ratios: list[float] = []
         self.points: list[tuple[float, float]] = []  # (device body, measured) of the steps that count
-        self.verdict: float | None = None  # the median ratio once judged
+        self.verdict: float | None = None  # once judged: the slope, or the median ratio (``_judge``)
         self.remeasure_pending = False
         self.remeasured = 0
         self._lock = threading.Lock()

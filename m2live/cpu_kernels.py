@@ -177,7 +177,8 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
 
         n_calls = copies * len(gemms)
         t1 = _best(stream, 0.25 * budget_s, deadline=deadline)
-        bw = copies * layer_bytes / max(t1 - n_calls * t_call, 0.2 * t1)
+        t_stream = max(t1 - n_calls * t_call, 0.2 * t1)  # the one-token pass less its calls' fixed cost
+        bw = copies * layer_bytes / t_stream
         # compute: a few hundred tokens through one layer, sized to ~50 ms a pass on this machine
         layer0 = stack[0]
         flops_per_token = 2.0 * sum(n * k for n, k in gemms.values())
@@ -195,7 +196,6 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         m_mid = int(min(256, max(2, round(flops * elt / (2.0 * bw)))))
         xm = {k: _rand(m_mid, k, dtype=tdt) for _, k in gemms.values()}
         t_mid = _best(lambda: [f(xm[k]) for layer in stack for f, k in layer], 0.1 * budget_s, deadline=deadline)
-        t_stream = max(t1 - n_calls * t_call, 0.2 * t1)
         overlap = overlap_exponent(copies * flops_per_token * m_mid / flops, t_stream,
                                    max(t_mid - n_calls * t_call, 0.2 * t_mid))
         stack.clear()  # free the weights before the attention buffers
