@@ -20,11 +20,11 @@ at the engine's torch thread count, on the served model's own projection shapes:
 Every figure is the best of several repeats (a measurement disturbed by another job can only come out slower,
 so the fastest repeat is the one closest to the machine), and the CPU time other processes took meanwhile is read
 from /proc: a measurement that shared the machine serves the run that took it and is taken again at the next
-start. The FLOP/s and bandwidth go into the ``GpuSpec`` (registered under the name ``cpu``), the call costs and
-the attention efficiencies into an ``ArchConstants`` (``device_constants``). They are cached in ``~/.cache/m2live/cpu_device.json`` (``$XDG_CACHE_HOME`` honoured)
-under a key of everything that changes the answer: host, CPU model and ISA flags, the ISA overrides in the
-environment (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``), dtype, threads, torch and vLLM versions, the
-model's shapes. ``PriorCheck`` watches the first steps of a live run: when they disagree with the prediction by
+start. The FLOP/s and bandwidth go into the ``GpuSpec`` (registered under the name ``cpu``), the call costs, the
+overlap and the attention efficiencies into an ``ArchConstants`` (``device_constants``). They are cached in
+``~/.cache/m2live/cpu_device.json`` (``$XDG_CACHE_HOME`` honoured) under a key of everything that changes the
+answer: host, CPU model and ISA flags, the ISA overrides in the environment (``ONEDNN_MAX_CPU_ISA``,
+``ATEN_CPU_CAPABILITY``), dtype, threads, torch and vLLM versions, the model's shapes. ``PriorCheck`` watches the first steps of a live run: when they disagree with the prediction by
 more than 3× the cached entry is dropped and the device is measured again at the next idle moment (or the next
 start). The online correction (``residuals.py``) rescues the run meanwhile.
 """
@@ -360,8 +360,7 @@ class PriorCheck:
                  give_up: int = 400) -> None:
         self.key, self.model, self.dtype, self.n, self.limit, self.give_up = key, model, dtype, n, limit, give_up
         self.seen = 0
-        self.ratios: list[float] = []
-        self.points: list[tuple[float, float]] = []  # (device body, measured) of the steps that count
+        self.points: list[tuple[float, float, float]] = []  # (predicted, device body, measured) of steps that count
         self.verdict: float | None = None  # once judged: the slope, or the median ratio (``_judge``)
         self.remeasure_pending = False
         self.remeasured = 0
@@ -374,9 +373,8 @@ class PriorCheck:
         self.seen += 1
         if device_s < 0.5 * predicted_s:
             return
-        self.ratios.append(measured_s / predicted_s)
-        self.points.append((device_s, measured_s))
-        if len(self.ratios) >= self.n:
+        self.points.append((predicted_s, device_s, measured_s))
+        if len(self.points) >= self.n:
             r = self._judge()
             self.verdict = r
             if not (1.0 / self.limit <= r <= self.limit):
@@ -389,14 +387,16 @@ class PriorCheck:
     def _judge(self) -> float:
         """The slope of measured time against device body where the bodies span SPREAD (a positive one), else
         the median measured/predicted ratio."""
-        xs = [x for x, _ in self.points]
+        xy = [(x, y) for _, x, y in self.points]
+        xs = [x for x, _ in xy]
         if min(xs) > 0 and max(xs) >= self.SPREAD * min(xs):
-            slopes = sorted((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(self.points)
-                            for x2, y2 in self.points[i + 1:] if x2 != x1)
+            slopes = sorted((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(xy) for x2, y2 in xy[i + 1:]
+                            if x2 != x1)
             a = slopes[len(slopes) // 2]
             if a > 0:
                 return a
-        return sorted(self.ratios)[len(self.ratios) // 2]
+        ratios = sorted(y / p for p, _, y in self.points)
+        return ratios[len(ratios) // 2]
 
     def idle(self) -> None:
         """The engine has been idle for a while: re-measure now if a re-measurement is pending."""
