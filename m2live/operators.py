@@ -47,6 +47,7 @@ RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 # One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
 # ~8 us over NVLink / NVLink-C2C, ~20 us over PCIe (host bridges, no NVLink SHARP)
+KBLOCK_BYTES = 128  # a GEMM main loop's K block: one 128-byte swizzled row of each operand (ArchConstants.t_kiter)
 ALLREDUCE_LATENCY_S = {"nvlink": 8e-6, "c2c": 8e-6, "pcie": 20e-6, "none": 20e-6}
 
 
@@ -118,7 +119,8 @@ class OpModel:
         """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
         reductions priced in one SM's MACs at peak."""
         sm_macs = self.peak / (2.0 * self.gpu.sms)
-        return gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs)
+        return gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs,
+                               self.c.t_kiter * sm_macs * self.elt / KBLOCK_BYTES)
 
     def _split_reduce(self, m: int, n: int, split: int) -> float:
         """Reducing ``split`` K slices' fp32 partial sums of an M x N output (s): in the GEMM kernel (``split_reduce``

@@ -329,3 +329,29 @@ def test_a_misspelt_kernel_fact_is_refused():
     for name in KERNEL_FACT_VALUES:
         with pytest.raises(ValueError, match=name):
             replace(ARCH["hopper"], **{name: "no-such-value"})
+
+
+def test_a_k_block_floor_binds_small_tiles_on_fast_tensor_cores_only():
+    """The main loop's K-block floor (t_kiter): a CTA waits at least that long per 128-byte K block for its
+    operand loads. It never makes a GEMM's compute faster, binds where a small tile's MMAs outrun it (a
+    small-M GEMM on the B300: the time grows with K at least by the floor per block of each CTA), and leaves
+    the A100 alone (mma.sync on a 64 x 64 tile takes longer than the B300's floor per block)."""
+    from dataclasses import replace
+
+    b300 = OpModel(get_gpu(B300))
+    c = b300.c
+    assert c.t_kiter > 0 and ARCH["ampere"].t_kiter == 0 and ARCH["hopper"].t_kiter == 0
+    no_floor = OpModel(b300.gpu, constants=replace(c, t_kiter=0.0))
+    shapes = [(m, n, k) for m in (1, 16, 128, 1024, 8192) for n in (1024, 4096, 16384) for k in (1024, 4096, 16384)]
+    for m, n, k in shapes:
+        assert b300.gemm(m, n, k).t_compute >= no_floor.gemm(m, n, k).t_compute * (1 - 1e-12), (m, n, k)
+    # small M, N = 1024, unsplit: every CTA walks all of K, a block at a time
+    e = b300.gemm_pick(8, 1024, 2048)
+    assert e.split_k == 1 and b300.gemm_pick(8, 1024, 1024).split_k == 1
+    grow = b300.gemm(8, 1024, 2048, l2_warm=True).t - b300.gemm(8, 1024, 1024, l2_warm=True).t
+    assert grow >= 0.99 * e.waves * (1024 * 2 / 128) * c.t_kiter
+    assert grow > 1.5 * (no_floor.gemm(8, 1024, 2048, l2_warm=True).t - no_floor.gemm(8, 1024, 1024, l2_warm=True).t)
+    # the same floor on the A100's kernels changes nothing
+    a100 = OpModel(get_gpu("NVIDIA A100-SXM4-80GB"))
+    floored = OpModel(a100.gpu, constants=replace(a100.c, t_kiter=c.t_kiter))
+    assert all(floored.gemm(m, n, k).t == a100.gemm(m, n, k).t for m, n, k in shapes)
