@@ -184,8 +184,8 @@ class ArchConstants:
 #   the stages it keeps in flight. On the B300 table a small-M GEMM whose grid is a few 64-wide tiles grows by
 #   ~2 us per 1024 K (N = 1024, M <= 16: 3.6 / 4.9 / 5.6 us at K = 1024 / 1536 / 2048) where its tcgen05 MMAs
 #   alone take 0.5 us: ~125 ns per block against 32 ns of MMA (over the whole table the fit settles at 65 ns).
-#   Fitted with eta_tc, i_crit, k0, t_kernel
-#   (k_split on its grid; eta_mem, t_ramp and overlap kept, as HBM3e's eta_mem is every HBM3e GPU's):
+#   Fitted with eta_tc, i_crit, k0, t_kernel (k_split on its grid; eta_mem, t_ramp and overlap kept, as HBM3e's
+#   eta_mem is every HBM3e GPU's):
 #   `bench/fit_constants.py --groups gemm --gpus b300_sxm --only t_kiter,t_kernel,eta_tc,i_crit,k0 --maxiter 300
 #   --max-rows 5000`: B300 GEMM 6.88 -> 6.60 % (results/constants.json "blackwell_k_block_floor"). On the A100 and
 #   H100 it never binds (their 64 x 64 tiles' MMAs take 180 / 65 ns per block; the H100's fit drives it to 20 ns).
