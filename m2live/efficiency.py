@@ -631,21 +631,24 @@ def forecast_clock_ratio(
 # both GPUs), streaming at ~15 / 18 GB/s per SM (q_sm_bw, H100 / B300: one CTA per row keeps few bytes in
 # flight — 0.58 / 0.33 of the DRAM peak; as a fraction of peak it did not transfer, LOO 14.4 / 10.8 %, per SM it
 # does). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
-# eta_tc is 0.70 (H100) / 0.74 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16: 0.98 / 0.99). The
+# eta_tc is 0.68 (H100) / 0.74 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16: 0.98 / 0.99). The
 # H100's tiles are vLLM's own sm90 dispatch (TILE_RULES["cutlass_sm90_fp8"]: 128 x 128 above M = 128, no split-K),
 # not a least-time pick: with the pick, M in (128, 512] came out 12-14 % fast (vLLM pads such M to 128-row tiles);
 # with the dispatch, refitted, in-sample 9.3 -> 7.8 %, leave-one-GPU-out 11.7 -> 9.9 %. The B300 keeps the
-# least-time tile, unsplit (its k_split grid picks 65536), and its CUTLASS main loop has the K-block floor of
-# cuBLAS's bf16 kernels on that chip (t_kiter, refitted with the group: 87 ns per 128-byte block, bf16 65 ns);
-# with it its fp8 GEMMs stream at 0.80 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us
-# for 256 MB of e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us), and B300 fp8
-# went 7.05 -> 5.69 % (bench/fit_fp8.py; the H100's refit in the same run, 7.81 -> 7.78 %, not adopted).
-# In-sample MAPE 7.8 % (H100) / 5.7 % (B300), leave-one-GPU-out 9.5 % / 8.3 % (results/fp8_constants.json). Not
+# least-time tile, unsplit (its k_split grid picks 65536). Both CUTLASS main loops have a K-block floor
+# (t_kiter, refitted with the group, bench/fit_fp8.py): 106 ns per 128-byte block on the H100, whose M <= 64
+# rows run vLLM's 64 x 16 and 64 x 64 tiles (16-65 ns of MMA a block; cuBLAS's bf16 kernels show none there),
+# and 87 ns on the B300 (its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.34 % (M <= 16 5.95 -> 4.65, bias -3.7 ->
+# -2.1 %), B300 7.05 -> 5.69 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.50, B300 <- H100 8.35 -> 7.30 %. With
+# it the B300's fp8 GEMMs stream at 0.80 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us
+# for 256 MB of e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us).
+# In-sample MAPE 7.3 % (H100) / 5.7 % (B300), leave-one-GPU-out 9.5 % / 7.3 % (results/fp8_constants.json). Not
 # modelled: the B300's M = 1 rows run 3x slower than its M = 2 rows (17.9 vs 5.6 us at N = K = 1024) and come out
 # 56 % fast.
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": dict(eta_tc=0.698215, i_crit=43.067, k0=98.8068, t_kernel=1.67122e-06, eta_mem=0.920366,
-                   t_ramp=3.66308e-07, overlap=3.72319, k_split=65536, q_row=4.32353e-07, q_sm_bw=16898900000.0),
+    "hopper": dict(eta_tc=0.682745, i_crit=27.1802, k0=241.145, t_kernel=1.56156e-06, eta_mem=0.907112,
+                   t_ramp=3.18706e-07, overlap=3.11908, k_split=65536, q_row=4.08206e-07, q_sm_bw=16448100000.0,
+                   t_kiter=1.06246e-07),
     "blackwell": dict(eta_tc=0.740194, i_crit=3.36867, k0=2.13851, t_kernel=1.52709e-06, eta_mem=0.801493,
                       t_ramp=1.45141e-07, overlap=1.77316, k_split=65536, q_row=4.4859e-07, q_sm_bw=17478900000.0,
                       t_kiter=8.71649e-08),
