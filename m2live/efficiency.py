@@ -100,8 +100,8 @@ class ArchConstants:
     t_cache_cta: float = 0.0
     # GEMM main loop: the shortest time one CTA spends on a 128-byte-deep K block (64 bf16 / 128 fp8 elements;
     # s). A CTA keeps a few stages of operand loads in flight, so each block costs at least the load latency over
-    # the stages (Little's law for one CTA); it binds where a tile's MMAs are faster than that — small tiles on
-    # fast tensor cores. 0: never binds
+    # the stages (Little's law for one CTA). An SM's other tiles hide that wait, so it binds where the SM's MMAs
+    # over all its tiles are faster — a wave or so of small tiles on fast tensor cores. 0: never binds
     t_kiter: float = 0.0
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
@@ -161,18 +161,18 @@ class ArchConstants:
 # [1024, 16384], every M; prefill and decode attention with head_dim 128), every row predicted as `m2live validate`
 # does it: the burst clock of the power model (TAU_CLOCK, BLACKWELL_SUSTAINED) and L2 re-reads of the loop.
 # results/constants.json holds the fit and its leave-one-architecture-out check. Reading:
-# - eta_tc 1.00 (A100), 0.98 (H100), 0.99 (B300) of the dense peak at the NVML max clock, with the burst clock
+# - eta_tc 1.00 (A100), 0.98 (H100), 1.00 (B300) of the dense peak at the NVML max clock, with the burst clock
 #   in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
 # - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.92 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
 #   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
 #   103 ns on the B300 (W0 = 0.8 MB at 8 TB/s).
-# - i_crit 34 / 18 / 7.6 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
+# - i_crit 34 / 18 / 18 elements: the tile intensity from which operand feed stops limiting the MMAs (soft
 #   minimum, ACTIVE_SOFTNESS): Ampere's mma.sync needs 128-wide tiles, Hopper's wgmma reads shared memory
 #   asynchronously, Blackwell's tcgen05 keeps its accumulators in TMEM and its operands in shared memory.
-# - k0 312 / 276 / 5 K-elements: per-tile prologue/epilogue (the B300's is hidden: TMEM accumulators drain
-#   while the next tile's main loop runs).
+# - k0 312 / 276 / 64 K-elements: per-tile prologue/epilogue (the B300's is mostly hidden: TMEM accumulators
+#   drain while the next tile's main loop runs; 2-5 before its K-block floor).
 # - k_split 768 / 1792 / 2048 K-elements (chosen on a grid): the shortest K slice cuBLAS's split-K hands a CTA.
 # - t_kernel 2.6 / 3.2 / 1.9 us: a kernel's fixed time inside a CUDA graph (a split-K GEMM pays it twice on the
 #   A100 and B300, whose cuBLAS reduces in a second kernel that reads the slices' fp32 partials back; the H100's
@@ -181,14 +181,15 @@ class ArchConstants:
 #   (tile_policy "largest_filling") and the B300's with the reduction's reads (A100 GEMM 6.55 -> 5.39 %, B300
 #   6.70 -> 6.88 %; results/constants.json "ampere_tile_policy"). k_balance 3072 (A100 only): see tile_policy.
 # - t_kiter 65 ns (B300 only): the shortest time a CTA spends on one 128-byte K block, its loads' latency over
-#   the stages it keeps in flight. On the B300 table a small-M GEMM whose grid is a few 64-wide tiles grows by
-#   ~2 us per 1024 K (N = 1024, M <= 16: 3.6 / 4.9 / 5.6 us at K = 1024 / 1536 / 2048) where its tcgen05 MMAs
-#   alone take 0.5 us: ~125 ns per block against 32 ns of MMA (over the whole table the fit settles at 65 ns).
+#   the stages it keeps in flight, hidden where its SM has other tiles to work on. On the B300 table a small-M
+#   GEMM whose grid is a few 64-wide tiles grows by ~2 us per 1024 K (N = 1024, M <= 16: 3.6 / 4.9 / 5.6 us at
+#   K = 1024 / 1536 / 2048) where its tcgen05 MMAs alone take 0.5 us: ~125 ns per block against 32 ns of MMA.
 #   Fitted with eta_tc, i_crit, k0, t_kernel (k_split on its grid; eta_mem, t_ramp and overlap kept, as HBM3e's
-#   eta_mem is every HBM3e GPU's):
-#   `bench/fit_constants.py --groups gemm --gpus b300_sxm --only t_kiter,t_kernel,eta_tc,i_crit,k0 --maxiter 300
-#   --max-rows 5000`: B300 GEMM 6.88 -> 6.60 % (results/constants.json "blackwell_k_block_floor"). On the A100 and
-#   H100 it never binds (their 64 x 64 tiles' MMAs take 180 / 65 ns per block; the H100's fit drives it to 20 ns).
+#   eta_mem is every HBM3e GPU's): `bench/fit_constants.py --groups gemm --gpus b300_sxm --only
+#   t_kiter,t_kernel,eta_tc,i_crit,k0 --maxiter 300 --max-rows 5000`: B300 GEMM 6.88 -> 6.32 % (paid by every
+#   wave of tiles instead: 6.60 %; results/constants.json "blackwell_k_block_floor"). On the A100 it never binds
+#   (a 64 x 64 tile's mma.sync takes 180 ns per block); the H100's fit takes 88 ns (5.58 -> 5.45 %) but costs the
+#   leave-one-out from Hopper 1-2 points (B300 <- H100 9.0 -> 10.9 %): not taken, the H100 keeps none.
 # - attention: a 12 us floor per vLLM attention call on A100/H100 (FlashAttention), 9 us on the B300
 #   (FlashInfer's TRT-LLM kernels); tensor ceilings 0.61 (FA2) / 0.73 (FA3) / 0.89 (TRT-LLM) with a per-CTA
 #   prologue/epilogue of 169 / 447 / 646 keys per query row, the scores' exponentials on the SFUs added in
@@ -269,8 +270,8 @@ ARCH: dict[str, ArchConstants] = {
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
     "blackwell": ArchConstants(
-        eta_tc=0.993128, i_crit=7.63358, k0=5.3572, t_kernel=1.8726e-06, eta_mem=0.919452, overlap=1.72038,
-        t_ramp=1.02829e-07, k_split=2048, t_kiter=6.54103e-08,
+        eta_tc=0.9996, i_crit=17.5162, k0=64.3688, t_kernel=1.87748e-06, eta_mem=0.919452, overlap=1.72038,
+        t_ramp=1.02829e-07, k_split=2048, t_kiter=6.48461e-08,
         t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.893425, k0_attn=645.598, eta_attn_mem=0.861846,
         item_cost=1.57828e-06, block_cost=6.91527e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
         t_cache_cta=1.71772e-06,
@@ -427,15 +428,17 @@ def _ctas(m: int, n: int, tile: tuple[int, int]) -> int:
 def _tile_time(m: int, n: int, k: int, sms: int, c: ArchConstants, bm: int, bn: int, split: int,
                iter_macs: float = 0.0) -> tuple[float, GemmEfficiency]:
     """One tile and K split: (time in units of one SM's MACs at peak, the factors). ``iter_macs``: the main
-    loop's floor per K element (``t_kiter``) in the same units; where the tile's MMAs take less, the tensor
-    cores idle for the rest of each K block (a lower eta_duty)."""
+    loop's floor per K element (``t_kiter``) in the same units. An SM's other tiles hide it (their loads are in
+    flight while one tile waits), so it binds where the SM's MMAs over all its waves of tiles take less than
+    one floor — a grid of a wave or so of small tiles — and the tensor cores idle for the rest (a lower
+    eta_duty)."""
     kk = k / split
     waves = -(-(_ctas(m, n, (bm, bn)) * split) // sms)
     intensity = bm * bn / (bm + bn)
     active = c.eta_tc * (1.0 + (c.i_crit / intensity) ** ACTIVE_SOFTNESS) ** (-1.0 / ACTIVE_SOFTNESS)
     duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
-    if iter_macs * active > bm * bn:
-        duty *= bm * bn / (active * iter_macs)
+    if iter_macs * active > waves * bm * bn:
+        duty *= waves * bm * bn / (active * iter_macs)
     wave = (m * n * k) / (waves * sms * bm * bn * kk)
     return waves * bm * bn * kk / (active * duty), GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves)
 
@@ -631,27 +634,28 @@ def forecast_clock_ratio(
 # both GPUs), streaming at ~15 / 18 GB/s per SM (q_sm_bw, H100 / B300: one CTA per row keeps few bytes in
 # flight — 0.58 / 0.33 of the DRAM peak; as a fraction of peak it did not transfer, LOO 14.4 / 10.8 %, per SM it
 # does). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
-# eta_tc is 0.68 (H100) / 0.74 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16: 0.98 / 0.99). The
+# eta_tc is 0.68 (H100) / 0.75 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16: 0.98 / 1.00). The
 # H100's tiles are vLLM's own sm90 dispatch (TILE_RULES["cutlass_sm90_fp8"]: 128 x 128 above M = 128, no split-K),
 # not a least-time pick: with the pick, M in (128, 512] came out 12-14 % fast (vLLM pads such M to 128-row tiles);
 # with the dispatch, refitted, in-sample 9.3 -> 7.8 %, leave-one-GPU-out 11.7 -> 9.9 %. The B300 keeps the
 # least-time tile, unsplit (its k_split grid picks 65536). Both CUTLASS main loops have a K-block floor
 # (t_kiter, refitted with the group, bench/fit_fp8.py): 106 ns per 128-byte block on the H100, whose M <= 64
 # rows run vLLM's 64 x 16 and 64 x 64 tiles (16-65 ns of MMA a block; cuBLAS's bf16 kernels show none there),
-# and 87 ns on the B300 (its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.34 % (M <= 16 5.95 -> 4.65, bias -3.7 ->
-# -2.1 %), B300 7.05 -> 5.69 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.50, B300 <- H100 8.35 -> 7.30 %. With
-# it the B300's fp8 GEMMs stream at 0.80 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us
-# for 256 MB of e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us).
-# In-sample MAPE 7.3 % (H100) / 5.7 % (B300), leave-one-GPU-out 9.5 % / 7.3 % (results/fp8_constants.json). Not
+# and 83 ns on the B300 (its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.36 % (M <= 16 5.95 -> 4.7 %), B300 7.05 ->
+# 5.70 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.54, B300 <- H100 8.35 -> 7.43 %. With it the B300's fp8
+# GEMMs stream at 0.79 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us for 256 MB of
+# e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us), and their i_crit goes to
+# 0 (no tile is operand-fed too slowly).
+# In-sample MAPE 7.4 % (H100) / 5.7 % (B300), leave-one-GPU-out 9.5 % / 7.4 % (results/fp8_constants.json). Not
 # modelled: the B300's M = 1 rows run 3x slower than its M = 2 rows (17.9 vs 5.6 us at N = K = 1024) and come out
 # 56 % fast.
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": dict(eta_tc=0.682745, i_crit=27.1802, k0=241.145, t_kernel=1.56156e-06, eta_mem=0.907112,
-                   t_ramp=3.18706e-07, overlap=3.11908, k_split=65536, q_row=4.08206e-07, q_sm_bw=16448100000.0,
-                   t_kiter=1.06246e-07),
-    "blackwell": dict(eta_tc=0.740194, i_crit=3.36867, k0=2.13851, t_kernel=1.52709e-06, eta_mem=0.801493,
-                      t_ramp=1.45141e-07, overlap=1.77316, k_split=65536, q_row=4.4859e-07, q_sm_bw=17478900000.0,
-                      t_kiter=8.71649e-08),
+    "hopper": dict(eta_tc=0.67564, i_crit=26.3309, k0=221.049, t_kernel=1.56843e-06, eta_mem=0.891181,
+                   t_ramp=2.76867e-07, overlap=3.22566, k_split=65536, q_row=4.13096e-07, q_sm_bw=16559700000.0,
+                   t_kiter=1.063e-07),
+    "blackwell": dict(eta_tc=0.746183, i_crit=0.00495121, k0=25.4636, t_kernel=1.52233e-06, eta_mem=0.793394,
+                      t_ramp=7.95385e-08, overlap=1.59268, k_split=65536, q_row=4.32057e-07, q_sm_bw=17203200000.0,
+                      t_kiter=8.32727e-08),
 }
 ARCH_FP8: dict[str, ArchConstants] = {
     arch: replace(ARCH[arch], **fit, tile_rule=rule,

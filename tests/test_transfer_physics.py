@@ -333,9 +333,10 @@ def test_a_misspelt_kernel_fact_is_refused():
 
 def test_a_k_block_floor_binds_small_tiles_on_fast_tensor_cores_only():
     """The main loop's K-block floor (t_kiter): a CTA waits at least that long per 128-byte K block for its
-    operand loads. It never makes a GEMM's compute faster, binds where a small tile's MMAs outrun it (a
-    small-M GEMM on the B300: the time grows with K at least by the floor per block of each CTA), and leaves
-    the A100 alone (mma.sync on a 64 x 64 tile takes longer than the B300's floor per block)."""
+    operand loads, unless its SM has other tiles to work on meanwhile. It never makes a GEMM's compute faster,
+    binds where a wave of small tiles' MMAs outrun it (a small-M GEMM on the B300: the time grows with K at
+    least by the floor per block), is hidden under several waves of the same small tiles, and leaves the A100
+    alone (mma.sync on a 64 x 64 tile takes longer than the B300's floor per block)."""
     from dataclasses import replace
 
     b300 = OpModel(get_gpu(B300))
@@ -351,6 +352,10 @@ def test_a_k_block_floor_binds_small_tiles_on_fast_tensor_cores_only():
     grow = b300.gemm(8, 1024, 2048, l2_warm=True).t - b300.gemm(8, 1024, 1024, l2_warm=True).t
     assert grow >= 0.99 * e.waves * (1024 * 2 / 128) * c.t_kiter
     assert grow > 1.5 * (no_floor.gemm(8, 1024, 2048, l2_warm=True).t - no_floor.gemm(8, 1024, 1024, l2_warm=True).t)
+    # five waves of 64 x 64 tiles: the SM's other tiles hide the wait
+    many = b300.gemm_pick(1537, 1536, 16384)
+    assert many.tile == (64, 64) and many.waves >= 4
+    assert b300.gemm(1537, 1536, 16384).t_compute == pytest.approx(no_floor.gemm(1537, 1536, 16384).t_compute)
     # the same floor on the A100's kernels changes nothing
     a100 = OpModel(get_gpu("NVIDIA A100-SXM4-80GB"))
     floored = OpModel(a100.gpu, constants=replace(a100.c, t_kiter=c.t_kiter))
