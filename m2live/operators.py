@@ -45,9 +45,9 @@ SFU_OVERLAP = 2.0
 # FA2's varlen grouped-query decode (flash_api.cpp, seqlenq_ngroups_swapped): q in, the output and q back
 RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
+KBLOCK_BYTES = 128  # a GEMM main loop's K block: one 128-byte swizzled row of each operand (ArchConstants.t_kiter)
 # One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
 # ~8 us over NVLink / NVLink-C2C, ~20 us over PCIe (host bridges, no NVLink SHARP)
-KBLOCK_BYTES = 128  # a GEMM main loop's K block: one 128-byte swizzled row of each operand (ArchConstants.t_kiter)
 ALLREDUCE_LATENCY_S = {"nvlink": 8e-6, "c2c": 8e-6, "pcie": 20e-6, "none": 20e-6}
 
 
