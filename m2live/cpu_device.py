@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from statistics import median_high
 
 from .cpu_kernels import microbenchmark
 from .efficiency import ARCH, ArchConstants
@@ -388,15 +389,13 @@ class PriorCheck:
         """The slope of measured time against device body where the bodies span SPREAD (a positive one), else
         the median measured/predicted ratio."""
         xy = [(x, y) for _, x, y in self.points]
-        xs = [x for x, _ in xy]
-        if min(xs) > 0 and max(xs) >= self.SPREAD * min(xs):
-            slopes = sorted((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(xy) for x2, y2 in xy[i + 1:]
+        lo, hi = min(x for x, _ in xy), max(x for x, _ in xy)
+        if lo > 0 and hi >= self.SPREAD * lo:
+            a = median_high((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(xy) for x2, y2 in xy[i + 1:]
                             if x2 != x1)
-            a = slopes[len(slopes) // 2]
             if a > 0:
                 return a
-        ratios = sorted(y / p for p, _, y in self.points)
-        return ratios[len(ratios) // 2]
+        return median_high(y / p for p, _, y in self.points)
 
     def idle(self) -> None:
         """The engine has been idle for a while: re-measure now if a re-measurement is pending."""

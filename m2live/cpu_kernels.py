@@ -139,6 +139,12 @@ def _attention_factory(tdt, heads: int, kv_heads: int, head_dim: int
 
 
 
+def _body(t: float, fixed: float) -> float:
+    """A timed pass less its calls' fixed cost, never below a fifth of the pass (a noisy fixed-cost reading
+    cannot make a rate run away)."""
+    return max(t - fixed, 0.2 * t)
+
+
 def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype: str = "bf16") -> dict:
     """Time the engine's own linear and attention kernels (see the module docstring); numpy when no torch."""
     try:
@@ -177,7 +183,7 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
 
         n_calls = copies * len(gemms)
         t1 = _best(stream, 0.25 * budget_s, deadline=deadline)
-        t_stream = max(t1 - n_calls * t_call, 0.2 * t1)  # the one-token pass less its calls' fixed cost
+        t_stream = _body(t1, n_calls * t_call)  # the one-token pass less its calls' fixed cost
         bw = copies * layer_bytes / t_stream
         # compute: a few hundred tokens through one layer, sized to ~50 ms a pass on this machine
         layer0 = stack[0]
@@ -189,7 +195,7 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         m_c = int(min(512, max(32, 0.05 / per_token)))
         xc = {k: _rand(m_c, k, dtype=tdt) for _, k in gemms.values()}
         tc = _best(lambda: [f(xc[k]) for f, k in layer0], 0.25 * budget_s, deadline=deadline)
-        flops = flops_per_token * m_c / max(tc - len(gemms) * t_call, 0.2 * tc)
+        flops = flops_per_token * m_c / _body(tc, len(gemms) * t_call)
         # overlap: the stack again, at the token count whose FLOPs take as long as its weights' stream (a
         # decode batch of a few to a few tens of tokens); how much longer than the slower of the two it takes
         # says how far the kernel overlaps its weight stream with its FMAs
@@ -197,7 +203,7 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         xm = {k: _rand(m_mid, k, dtype=tdt) for _, k in gemms.values()}
         t_mid = _best(lambda: [f(xm[k]) for layer in stack for f, k in layer], 0.1 * budget_s, deadline=deadline)
         overlap = overlap_exponent(copies * flops_per_token * m_mid / flops, t_stream,
-                                   max(t_mid - n_calls * t_call, 0.2 * t_mid))
+                                   _body(t_mid, n_calls * t_call))
         stack.clear()  # free the weights before the attention buffers
 
         heads, kvh, hd = ((model.heads, model.kv_heads, model.head_dim) if model is not None else DEFAULT_ATTN)
@@ -206,10 +212,10 @@ def microbenchmark(budget_s: float = 1.6, model: ModelShape | None = None, dtype
         dec = [(1, 1024)] * 16
         t_dec = _best(make_attn(dec), 0.12 * budget_s, deadline=deadline)
         dec_bytes = elt * hd * (2 * kvh * sum(c + 1 for _, c in dec) + 2 * heads * len(dec))
-        attn_bw = dec_bytes / max(t_dec - t_attn, 0.2 * t_dec)
+        attn_bw = dec_bytes / _body(t_dec, t_attn)
         n_pf = 256
         t_pf = _best(make_attn([(n_pf, 0)]), 0.12 * budget_s, deadline=deadline)
-        attn_flops = 4.0 * heads * hd * (n_pf * (n_pf + 1) / 2) / max(t_pf - t_attn, 0.2 * t_pf)
+        attn_flops = 4.0 * heads * hd * (n_pf * (n_pf + 1) / 2) / _body(t_pf, t_attn)
     return {"flops": flops, "bw": bw, "t_call": t_call, "attn_flops": attn_flops, "attn_bw": attn_bw,
             "t_attn": t_attn, "gemm_tokens": m_c, "stream_mb": copies * layer_bytes / 1e6,
             "overlap": overlap, "overlap_tokens": m_mid,
