@@ -5,6 +5,7 @@ bursts and sustained load. Bounds and monotonicity that must hold whatever the f
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -149,8 +150,6 @@ def test_opbench_bursts_stay_near_boost_on_a100_but_droop_on_l40s():
 def test_prefill_grid_fill_bounds_and_causal_tail(gpu):
     """Causal query tiles are unequal: the grid's fill stays in (0, 1], a longer prompt is never faster, a grid
     smaller than the SMs waits on its longest tile, and a longest-first scheduler is never slower than grid order."""
-    from dataclasses import replace
-
     om = OpModel(get_gpu(gpu))
     prev = 0.0
     for isl in (16, 128, 256, 1024, 2048, 4096, 8192):
@@ -236,8 +235,6 @@ def test_more_exponential_units_never_slow_prefill_and_bind_where_tensor_cores_o
     """Every attention score is one SFU exponential: the same Blackwell part with Blackwell Ultra's doubled SFUs
     prefills faster — most where the tensor cores retire as many pairs per clock as the SFUs (long chunks at
     head_dim 128 on a B200-class part), little on the short, latency-bound ones — and decodes alike."""
-    from dataclasses import replace
-
     b200 = get_gpu("NVIDIA B200")
     slow, fast = OpModel(b200), OpModel(replace(b200, compute_capability=(10, 3)))
     assert slow.c == fast.c  # one kernel family: only the SFUs differ
@@ -260,8 +257,6 @@ def test_hopper_reduces_split_k_in_the_gemm_kernel(gpu):
     """cuBLAS's sm90 kernels add the split-K partial sums in the GEMM kernel: where the split starts the time
     grows by the fix-up (well under a second kernel's launch, which Ampere's and B300's cuBLAS pay), and more K
     never runs faster."""
-    from dataclasses import replace
-
     from m2live.efficiency import gemm_efficiency
 
     om = OpModel(get_gpu(gpu))
@@ -321,8 +316,6 @@ def test_a_second_kernel_split_k_reduction_reads_the_partials():
 
 def test_a_misspelt_kernel_fact_is_refused():
     """String-valued kernel facts take one of their known values (a typo would silently take a default branch)."""
-    from dataclasses import replace
-
     from m2live.efficiency import KERNEL_FACT_VALUES, TILE_RULES
 
     assert KERNEL_FACT_VALUES["tile_rule"] == {"", *TILE_RULES}
@@ -337,8 +330,6 @@ def test_a_k_block_floor_binds_small_tiles_on_fast_tensor_cores_only():
     binds where a wave of small tiles' MMAs outrun it (a small-M GEMM on the B300: the time grows with K at
     least by the floor per block), is hidden under several waves of the same small tiles, and leaves the A100
     alone (mma.sync on a 64 x 64 tile takes longer than the B300's floor per block)."""
-    from dataclasses import replace
-
     b300 = OpModel(get_gpu(B300))
     c = b300.c
     assert c.t_kiter > 0 and ARCH["ampere"].t_kiter == 0 and ARCH["hopper"].t_kiter == 0
