@@ -9,7 +9,9 @@ one-off cost the first time it meets a batch shape: the first 7 x 128-token pref
 ~0.3 s in a first try), for several (C, I, O). Each configuration is
 simulated with ``m2live.simulate`` for the same device:
 
-- ``raw``: the CPU device as the plugin sees it (``m2live.cpu_device.cpu_device()``), the predictor's priors;
+- ``raw``: the CPU device as the plugin sees it inside the engine — measured on the served model's shapes at the
+  threads vLLM-CPU gives the engine (``cpu_device.vllm_cpu_threads()``: one on a 2-core machine, where the API
+  server keeps the other core), as ``m2live simulate --gpu cpu`` does — the predictor's priors;
 - ``calibrated``: the same predictor with the online correction the plugin keeps (``ResidualTracker``), trained
   on a *separate* calibration workload run first on the same server (Poisson arrivals, lognormal prompts, mixed
   outputs) — the seed's calibrated mode; the validation runs never feed it.
@@ -204,7 +206,7 @@ def _replay(steps: list[dict]):
 def score(workdir: Path) -> dict:
     import numpy as np
 
-    from m2live.cpu_device import cpu_device, device_constants
+    from m2live.cpu_device import cpu_device, device_constants, vllm_cpu_threads
     from m2live.predictor import Predictor
     from m2live.residuals import ResidualTracker
     from m2live.shapes import get_model
@@ -213,8 +215,9 @@ def score(workdir: Path) -> dict:
     meta = json.loads((workdir / "meta.json").read_text())
     trace = read_trace(workdir / "server" / "trace.jsonl")
     shape = get_model(MODEL_CONFIG.parent)
-    spec = cpu_device(model=shape)  # measured on the served model's shapes, as the plugin's CPU device
-    pred = Predictor(spec, shape, constants=device_constants(shape))
+    threads = vllm_cpu_threads()  # the engine's, not this process's (2 on 2 cores: priced the steps 2x fast)
+    spec = cpu_device(model=shape, threads=threads)  # on the served model's shapes, as the plugin's CPU device
+    pred = Predictor(spec, shape, constants=device_constants(shape, threads=threads))
     kv_tokens = KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
     # the calibrated mode: a correction of the CPU device's predictions trained on the calibration workload's
     # steps only — the plugin's online correction (ResidualTracker) or a non-negative linear fit over the same
@@ -280,7 +283,7 @@ def score(workdir: Path) -> dict:
                   "ignore-EOS), --max-concurrency C --request-rate inf",
         "simulator": "m2live.simulate (vLLM V1 scheduler, sync scheduling on CPU), CPU device "
                      f"({spec.source})",
-        "cpu_device_at_scoring": {"tflops": spec.bf16_tflops, "mem_bw_gbs": spec.mem_bw_gbs,
+        "cpu_device_at_scoring": {"tflops": spec.bf16_tflops, "mem_bw_gbs": spec.mem_bw_gbs, "threads": threads,
                                   "note": "the CPU device's cached measurement when this was scored (the plugin "
                                           "re-measures it when an engine disagrees with it): the raw column "
                                           "moves with it"},

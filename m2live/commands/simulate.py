@@ -93,13 +93,14 @@ def _opt_int(text: object, what: str) -> int | None:
     return _pos_int(text, what)
 
 
-def _device(name: str, model: str) -> tuple[GpuSpec, ArchConstants | None]:
-    """The GPU from the catalog, or the CPU device measured on the model's own shapes (as the plugin does)."""
+def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants | None]:
+    """The GPU from the catalog, or the CPU device measured on the model's own shapes at the threads a vLLM-CPU
+    engine of ``tp`` ranks computes with (as the plugin measures it inside the engine)."""
     if str(name).strip().lower() in ("cpu", "cpu-device"):
-        from ..cpu_device import cpu_device, device_constants
+        from ..cpu_device import cpu_device, device_constants, vllm_cpu_threads
 
-        shape = get_model(model)
-        return cpu_device(model=shape), device_constants(shape)
+        shape, threads = get_model(model), vllm_cpu_threads(tp)
+        return cpu_device(model=shape, threads=threads), device_constants(shape, threads=threads)
     return get_gpu(str(name).strip()), None
 
 
@@ -119,7 +120,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             calibration: str | None = None, test_run: bool = True) -> ServingResult:
     if precision not in ("bf16", "fp8"):
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
-    gpu, constants = _device(gpu_name, model)
+    gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
     if calibration:
         from ..calibrate import load_for
@@ -172,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
 def print_result(r: ServingResult) -> None:
     c = Console(width=140)
     a, s, m = r.assumptions, r.steps, r.memory
-    c.print(f"[bold]{a['gpu']}[/bold] x{a['tp']} {a['precision']} — concurrency {a['concurrency']}, "
+    c.print(f"[bold]{a['gpu']}[/bold]" + (f" ({a['device']})" if a.get("device") else "")
+            + f" x{a['tp']} {a['precision']} — concurrency {a['concurrency']}, "
             f"{a['num_prompts']} requests")
     t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
     for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "duration s"):

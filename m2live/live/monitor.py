@@ -94,7 +94,9 @@ class LiveMonitor:
         self.recorder.start()
         _MONITORS.append(weakref.ref(self))
         log.info("engine %s: predicting %s on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
-                 self.engine, self.model_label, self.gpu.name, self.predictor.tp, self.clock_why,
+                 self.engine, self.model_label,
+                 f"{self.gpu.name}, {self.gpu.source}" if self.gpu.arch == "cpu" else self.gpu.name,
+                 self.predictor.tp, self.clock_why,
                  f"SLO {self.control.slo_ms} ms" if self.admission_active else "off",
                  ", ".join(getattr(s, "name", type(s).__name__) for s in self.sinks) or "none")
 
@@ -263,7 +265,8 @@ class LiveMonitor:
 
     def status(self) -> dict:
         return {
-            "engine": self.engine, "gpu": self.gpu.name, "model": self.model_label, "tp": self.predictor.tp,
+            "engine": self.engine, "gpu": self.gpu.name, "device_source": self.gpu.source, "model": self.model_label,
+            "tp": self.predictor.tp,
             "clock_source": self.clock_source_name, "clock_why": self.clock_why, "steps": self.steps,
             "admission": self.admission_active, "slo_ms": self.control.slo_ms,
             "residuals": self.residuals.stats(), **self.counters(),
