@@ -144,17 +144,21 @@ def vllm_cpu_threads(tp: int = 1) -> int | None:
             return max(1, len(_id_list(bind.split("|")[0])))
         except ValueError:
             return None  # vLLM refuses such a list itself
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()
-                                                                                                   or 1))
+    if hasattr(os, "sched_getaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+    else:
+        allowed = list(range(os.cpu_count() or 1))
     topo = {cpu: _cpu_topology(cpu) for cpu in allowed}
     node = min(n for n, _ in topo.values())
     on_node = [cpu for cpu in allowed if topo[cpu][0] == node]
-    smt_one_per_core = platform.machine().lower() in ("x86_64", "amd64", "i686", "s390x")
-    count = len({topo[c][1] for c in on_node}) if smt_one_per_core else len(on_node)
+    arch = platform.machine().lower()
+    one_per_core = arch in ("x86_64", "amd64", "i686", "s390x")  # SMT siblings left idle
+    count = len({topo[c][1] for c in on_node}) if one_per_core else len(on_node)
     reserve = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "").strip()
-    arch_reserve = max(1, tp) if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64",
-                                                                "riscv64") else 1
-    n_reserved = int(reserve) if reserve.isdigit() else arch_reserve
+    if reserve.isdigit():
+        n_reserved = int(reserve)
+    else:
+        n_reserved = max(1, tp) if arch in ("x86_64", "amd64", "aarch64", "arm64", "riscv64") else 1
     return count - n_reserved if count > n_reserved else count
 
 
@@ -166,18 +170,20 @@ def torch_threads(n: int | None) -> Iterator[None]:
         import torch
     except Exception:  # noqa: BLE001 - torch is optional
         torch = None
-    if torch is None or n is None:
+    before = torch.get_num_threads() if torch is not None else 0
+    if torch is None or n is None or max(1, int(n)) == before:
         yield
         return
-    before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(n)))
-    if torch.get_num_threads() != max(1, int(n)):  # a vLLM-CPU worker in this process has pinned them
+    changed = torch.get_num_threads() == max(1, int(n))
+    if not changed:  # a vLLM-CPU worker in this process has pinned them
         log.warning("cannot time the CPU device at %d threads in this process (a vLLM-CPU worker fixed them at "
                     "%d): measuring at %d", n, before, before)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if changed:
+            torch.set_num_threads(before)
 
 
 def _shape_key(model: ModelShape | None) -> str:

