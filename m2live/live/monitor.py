@@ -265,8 +265,7 @@ class LiveMonitor:
 
     def status(self) -> dict:
         return {
-            "engine": self.engine, "gpu": self.gpu.name, "device_source": self.gpu.source, "model": self.model_label,
-            "tp": self.predictor.tp,
+            "engine": self.engine, "gpu": self.gpu.name, "model": self.model_label, "tp": self.predictor.tp,
             "clock_source": self.clock_source_name, "clock_why": self.clock_why, "steps": self.steps,
             "admission": self.admission_active, "slo_ms": self.control.slo_ms,
             "residuals": self.residuals.stats(), **self.counters(),
