@@ -32,7 +32,8 @@ SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS}
 CALIBRATED: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup"),
     "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
-    "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout"),
+    "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
+               "t_ramp_kv", "l2_kv_bytes_per_clk"),
 }
 # The few constants that are most plainly this GPU's own rather than its kernel library's (tensor ceiling, DRAM
 # efficiency and its ramp, kernel latency; the attention call's floor and fixed part, the attention kernels'

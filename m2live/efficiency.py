@@ -103,6 +103,13 @@ class ArchConstants:
     # the stages (Little's law for one CTA). An SM's other tiles hide that wait, so it binds where the SM's MMAs
     # over all its tiles are faster — a wave or so of small tiles on fast tensor cores. 0: never binds
     t_kiter: float = 0.0
+    # decode attention's KV stream: Little's law for the whole kernel, as the GEMMs' t_ramp — a stream of W bytes
+    # reaches eta_attn_mem only with BW * t_ramp_kv bytes in flight, so it takes (W + sqrt(W * BW * t_ramp_kv)) /
+    # (BW * eta_attn_mem) (OpModel._kv_stream_time). 0: every KV stream at its ceiling at once
+    t_ramp_kv: float = 0.0
+    # bytes per SM per SM clock a decode kernel streams a benchmark loop's L2-resident KV cache at (0: the GEMV
+    # rate, l2_bytes_per_clk)
+    l2_kv_bytes_per_clk: float = 0.0
     # kernel facts (not fitted): the decode kernel splits the KV only when query heads share KV heads
     split_needs_gqa: bool = False
     # FA2's split-KV combine kernel (flash_fwd_splitkv_combine_kernel) reads the splits' fp32 partial outputs back,
@@ -203,12 +210,25 @@ class ArchConstants:
 #   8.33 / 6.44 / 6.06 -> 8.37 / 6.46 / 6.11 % (eta_attn is shared). Refitted the same way with the SFU term
 #   (`--only t_cache_cta,eta_attn,k0_attn,block_cost --maxiter 300`): prefill 4.68 / 6.56 / 5.71 -> 4.68 / 6.54 /
 #   5.74 %, and every other head dim of the H100 and B300 tables (never fitted) closer: hd64 17.1 -> 14.1 and
-#   23.9 -> 21.2 %, hd256 15.9 -> 14.7 and 21.3 -> 20.2 %. Decode KV streams
-#   at 0.73 / 0.88 / 0.89 of DRAM peak;
-#   ~3.5 / 3.7 / 1.6 us of SM time per (sequence x KV head) decode item; split-KV combine 6.0 / 2.3 / 0.7 us;
+#   23.9 -> 21.2 %, hd256 15.9 -> 14.7 and 21.3 -> 20.2 %. A decode kernel's KV stream ramps to its ceiling
+#   by Little's law, as a GEMM's weight stream does (OpModel._kv_stream_time): it needs BW x t_ramp_kv bytes in
+#   flight, t_ramp_kv 0.81 / 1.29 / 1.09 us (W0 = 1.7 / 4.3 / 8.7 MB) — a loaded DRAM latency of about a
+#   microsecond on all three memory systems — towards ceilings of 0.81 / 0.99 / 0.96 of DRAM peak (a 1 GB
+#   cache streams at 0.78 / 0.93 / 0.93). The decode tables show the ramp as a bias by KV size: before it, KV
+#   caches of one to four times the L2 came out 5-9 % fast and those over eight times 3-5 % slow on all three
+#   GPUs (one ceiling for every size, 0.73 / 0.88 / 0.86, balanced the two). And the B300's decode re-reads a KV cache that
+#   fits its L2 at l2_kv_bytes_per_clk = 41 bytes per SM per clock (a GEMV's loads reach 19): at batch 4-64,
+#   a 64 MB cache takes 12-13 us and the model had ~17 us, at DRAM speed; the A100's and H100's fits gain
+#   nothing from a rate of their own (they keep 0 = the GEMV rate). Refitted (`bench/fit_constants.py --groups
+#   attention --gpus <one> --only eta_attn_mem,item_cost,cta_bw,t_merge,t_split,t_relayout,t_ramp_kv,
+#   l2_kv_bytes_per_clk --maxiter 300`, each GPU on its own table): decode 5.23 / 6.46 / 6.11 -> 5.00 / 5.93 /
+#   4.71 %, prefill within 0.02 point; leave-one-out decode A100 <- H100 18.1 -> 17.6, A100 <- B300 35.5 ->
+#   34.8, H100 <- A100 14.8 -> 13.9, H100 <- B300 27.9 -> 28.2, B300 <- A100 68.3 -> 67.3, B300 <- H100 44.6 ->
+#   45.8 %. Each (sequence x KV head) decode item costs ~3.5 / 3.7 / 1.6 us of SM time; split-KV combine 5.5 /
+#   2.2 us (A100 / H100; the B300 merges in the kernel, 0.08 us per split);
 #   FA2's grouped-query relayout 6.6 us of launches (A100 only) plus its three copies' DRAM traffic
 #   (OpModel.decode_attention, as three memory-bound kernels); one decode CTA streams at most 22 GB/s on the
-#   A100 (FA2 runs one CTA per head over plain multi-head caches), 61 GB/s on the B300 and without a visible limit on the H100. The A100's decode
+#   A100 (FA2 runs one CTA per head over plain multi-head caches), 86 GB/s on the B300 and without a visible limit on the H100. The A100's decode
 #   constants (item_cost, cta_bw, t_split, t_relayout) were refitted with the relayout copies priced as bytes and
 #   FA2's per-item cost by query rows (decode_tile_cost below), `--gpus a100_sxm --only
 #   item_cost,t_relayout,cta_bw,t_split`: A100 decode 8.37 -> 6.58 %; then again with FA2's own split rule
@@ -218,9 +238,9 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999877, i_crit=33.6511, k0=311.773, t_kernel=2.65569e-06, eta_mem=0.76065, overlap=2.65677,
         t_ramp=0.0, k_split=768, k_balance=3072,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.7334,
-        item_cost=3.53613e-06, block_cost=2.70876e-07, cta_bw=2.21412e+10, t_split=6.04021e-06, t_relayout=6.31168e-06,
-        t_cache_cta=4.54008e-06,
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.8054,
+        item_cost=3.541e-06, block_cost=2.70876e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
+        t_cache_cta=4.54008e-06, t_ramp_kv=8.114e-07,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         # FA2's own split rule (set_params_splitkv): FlashAttention's over twice the SMs ("128 threads per block")
         # and only split counts that change the key blocks per split (A100 decode 6.59 -> 5.96 %, refitted)
@@ -261,8 +281,9 @@ ARCH: dict[str, ArchConstants] = {
         # launch (2.9 us) as on the A100, whose table shows no such step. Refitted with it (gemm group, --max-rows
         # 5000): H100 GEMM 6.15 -> 5.58 %
         split_reduce="serial",
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.733057, k0_attn=447.264, eta_attn_mem=0.88,
-        item_cost=3.712e-06, block_cost=2.43752e-06, cta_bw=3.581e+13, t_split=2.284e-06, t_cache_cta=2.33146e-06,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.733057, k0_attn=447.264, eta_attn_mem=0.9869,
+        item_cost=3.691e-06, block_cost=2.43752e-06, cta_bw=3.581e+13, t_split=2.207e-06, t_cache_cta=2.33146e-06,
+        t_ramp_kv=1.291e-06,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
@@ -272,9 +293,9 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.9996, i_crit=17.5162, k0=64.3688, t_kernel=1.87748e-06, eta_mem=0.919452, overlap=1.72038,
         t_ramp=1.02829e-07, k_split=2048, t_kiter=6.48461e-08,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.893425, k0_attn=645.598, eta_attn_mem=0.861846,
-        item_cost=1.57828e-06, block_cost=6.91527e-07, cta_bw=7.4086e+10, t_split=0.0, t_merge=5.85457e-08,
-        t_cache_cta=1.71772e-06,
+        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.893425, k0_attn=645.598, eta_attn_mem=0.9594,
+        item_cost=1.566e-06, block_cost=6.91527e-07, cta_bw=8.597e+10, t_split=0.0, t_merge=8.021e-08,
+        t_cache_cta=1.71772e-06, t_ramp_kv=1.091e-06, l2_kv_bytes_per_clk=40.76,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
@@ -329,7 +350,7 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup",
              "k_balance", "t_kiter"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta"),
+                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 # Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no

@@ -237,6 +237,8 @@ class OpModel:
                                                  * f_clk * wave)
             tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
+        # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
+        # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
         tm = nbytes / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
         tc += t_items
@@ -295,12 +297,12 @@ class OpModel:
             comb = partial + self.attn_elt * head_dim * heads * n_seqs
             comb_ctas = -(-n_seqs * heads // c.combine_rows)
             t_after += max(comb / (self.bw * c.eta_attn_mem), comb / (min(comb_ctas, sms * c.cta_slots) * c.cta_bw))
-        t_dram = nbytes / (self.bw * c.eta_attn_mem)
+        t_dram = self._kv_stream_time(nbytes)
         # the collector re-reads one KV cache: from L2 if it fits — not under a priced split, whose partial outputs
         # (written by the split CTAs, read back by the combine) pass through the same L2 (A100 decode 8.5 % this
         # way, 9.2 % with the KV kept L2-resident, FA2 split rule)
         if l2_warm and not extra and self.l2_resident(0.0, nbytes):
-            t_dram = min(t_dram, self.l2_time(nbytes))
+            t_dram = min(t_dram, self.l2_time(nbytes, c.l2_kv_bytes_per_clk))
         nbytes += extra
         t_dram += extra / (self.bw * c.eta_attn_mem)
         # a larger query tile slows the stream too (TRT-LLM); FA2's tile is always decode_row_block rows
@@ -368,6 +370,15 @@ class OpModel:
         fixed = kernels * self.c.t_kernel
         return OpTime(fixed + tm, branch(0.0, tm, fixed), 0.0, tm, {"eta_mem": eta})
 
+    def _kv_stream_time(self, nbytes: float) -> float:
+        """A decode kernel streaming ``nbytes`` of KV cache (and q, output) from DRAM: (W + sqrt(W * W0)) /
+        (BW * eta_attn_mem), W0 = BW * t_ramp_kv the bytes it must keep in flight (Little's law, as _eta_mem)."""
+        c = self.c
+        t = nbytes / (self.bw * c.eta_attn_mem)
+        if c.t_ramp_kv > 0:
+            t *= 1.0 + math.sqrt(self.bw * c.t_ramp_kv / max(nbytes, 1.0))
+        return t
+
     def _eta_mem(self, nbytes: float) -> float:
         """Achieved / datasheet DRAM bandwidth of one kernel streaming ``nbytes``: eta_mem / (1 + sqrt(W0 / W)),
         where W0 = BW * t_ramp are the bytes the memory system must have in flight to stream at its ceiling
@@ -384,10 +395,11 @@ class OpModel:
         operand (a GEMM's weight, a decode row's KV cache) and the rest of the working set fit in the L2."""
         return self.BENCH_COPIES * reread_bytes + other_bytes <= self.gpu.l2_bytes
 
-    def l2_time(self, nbytes: float) -> float:
+    def l2_time(self, nbytes: float, bytes_per_clk: float = 0.0) -> float:
         """Streaming ``nbytes`` out of L2 at the rate the kernels reach (bytes per SM per clock x SMs x boost
-        clock); a re-read operand takes whichever of L2 and DRAM is faster."""
-        return nbytes / (self.c.l2_bytes_per_clk * self.gpu.sms * self.gpu.boost_mhz * 1e6)
+        clock; ``bytes_per_clk`` 0: the GEMV rate, l2_bytes_per_clk); a re-read operand takes whichever of L2 and
+        DRAM is faster."""
+        return nbytes / ((bytes_per_clk or self.c.l2_bytes_per_clk) * self.gpu.sms * self.gpu.boost_mhz * 1e6)
 
     # ---- tensor-parallel all-reduce ----------------------------------------------------------------------
     def allreduce(self, nbytes: float, tp: int) -> float:

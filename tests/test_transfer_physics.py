@@ -351,3 +351,46 @@ def test_a_k_block_floor_binds_small_tiles_on_fast_tensor_cores_only():
     a100 = OpModel(get_gpu("NVIDIA A100-SXM4-80GB"))
     floored = OpModel(a100.gpu, constants=replace(a100.c, t_kiter=c.t_kiter))
     assert all(floored.gemm(m, n, k).t == a100.gemm(m, n, k).t for m, n, k in shapes)
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", H100, B300, L40S, PRO6000])
+def test_a_longer_kv_cache_never_decodes_faster_cold_or_warm(gpu):
+    """The decode KV stream's Little's-law ramp (t_ramp_kv) never makes more bytes faster, and an L2-resident
+    KV cache (the benchmark loop's re-reads, l2_kv_bytes_per_clk) is never slower than a cold one."""
+    om = OpModel(gpu)
+    for b, h, kv in ((1, 32, 8), (16, 32, 8), (64, 64, 8), (8, 32, 32)):
+        cold = [om.decode_attention(b * ctx, b, h, kv, 128).t for ctx in (2**i for i in range(6, 17))]
+        warm = [om.decode_attention(b * ctx, b, h, kv, 128, l2_warm=True).t for ctx in (2**i for i in range(6, 17))]
+        assert all(y >= x for x, y in zip(cold, cold[1:], strict=False)), (b, h, kv, cold)
+        assert all(w <= c for w, c in zip(warm, cold, strict=True)), (b, h, kv)
+    streams = [om._kv_stream_time(w) for w in (2.0**i for i in range(10, 34))]
+    assert all(y >= x for x, y in zip(streams, streams[1:], strict=False))
+
+
+def test_the_kv_ramp_costs_mid_sized_streams_most_and_vanishes_for_long_ones():
+    """W0 = BW * t_ramp_kv: a 64 MB stream is several per cent from its ceiling, a 16 GB one under 3 %; with
+    t_ramp_kv = 0 every stream is at eta_attn_mem at once (the model before the ramp)."""
+    for gpu in ("NVIDIA A100-SXM4-80GB", H100, B300):
+        om = OpModel(gpu)
+        assert om.c.t_ramp_kv > 0  # fitted on every calibration GPU's decode table
+        rate = om.bw * om.c.eta_attn_mem  # the stream's ceiling
+        mid, long_ = om._kv_stream_time(64e6) * rate / 64e6, om._kv_stream_time(16e9) * rate / 16e9
+        assert 1.04 < mid < 1.5 and 1.0 < long_ < 1.03, (gpu, mid, long_)
+        flat = OpModel(gpu, constants=replace(om.c, t_ramp_kv=0.0))
+        assert flat._kv_stream_time(64e6) == pytest.approx(64e6 / rate)
+    # the ramp's latency reads alike on the three memory systems (~1 us): a property of DRAM, not of one table
+    ramps = [ARCH[a].t_ramp_kv for a in ("ampere", "hopper", "blackwell")]
+    assert max(ramps) / min(ramps) < 2.0
+
+
+def test_only_blackwell_decode_reads_an_l2_resident_kv_faster_than_a_gemv_reads_its_weight():
+    """The B300 decode table re-reads a KV cache that fits its 126.5 MB L2 at ~40 B per SM per clock (a 64 MB
+    cache: 12-13 us measured at batch 4-64, where DRAM takes ~17 us); a GEMV's loads reach 19. The other
+    families keep the GEMV rate (their fits took no other)."""
+    b300 = OpModel(B300)
+    assert b300.c.l2_kv_bytes_per_clk > 1.5 * b300.c.l2_bytes_per_clk
+    assert b300.l2_time(64e6, b300.c.l2_kv_bytes_per_clk) < 0.5 * b300.l2_time(64e6)
+    for a in ("ampere", "hopper"):
+        assert ARCH[a].l2_kv_bytes_per_clk == 0.0
+    warm, cold = (b300.decode_attention(16 * 1023, 16, 32, 8, 128, l2_warm=w).t for w in (True, False))
+    assert warm < 0.8 * cold
