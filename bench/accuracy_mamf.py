@@ -4,7 +4,7 @@ The figures are the public MAMF comparison table of Stas Bekman's *Machine Learn
 (compute/accelerator/README.md, mamf-finder.py v2): for each accelerator the best mean TFLOP/s over 100 timed
 ``torch.matmul`` calls after 50 warm-up calls, among a brute-force search of shapes, with the L2 reset between
 calls. Those shapes are large (0.1-1 ms a call), so a measurement is a burst of ~150 calls of the same GEMM
-from an idle board: m2live prices it at its own clock for that burst (``OpModel.burst_clock`` over 150 calls,
+from an idle board: m2live prices it at its own clock for that burst (``OpModel.burst_clock`` over calls 50-150,
 the power model's burst headroom) and weights streamed cold (no L2 re-reads). Two of these GPUs, the H200 and
 the B200, are GPUs m2live never fitted; the others' constants were fitted on opbench, never on these rows.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from m2live.operators import OpModel
 
-MAMF_CALLS = 150  # 50 warm-up + 100 timed calls of one shape, back to back
+MAMF_WINDOW = (50, 150)  # 50 warm-up + 100 timed calls of one shape, back to back: the timed ones
 MAMF_SOURCE = ("Machine Learning Engineering (S. Bekman), compute/accelerator/README.md, 'Maximum Achievable "
                "Matmul FLOPS comparison table' (mamf-finder.py v2: mean of 100 calls after 50 warm-up, L2 reset)")
 # (catalog name, dtype, M, N, K, measured TFLOP/s, the table's note)
@@ -40,11 +40,11 @@ MAMF_ROWS: tuple[tuple[str, str, int, int, int, float, str], ...] = (
 
 def mamf_prediction(gpu: str, dtype: str, m: int, n: int, k: int) -> dict:
     """m2live's TFLOP/s for one MAMF measurement: the GEMM (fp8: the scaled-mm alone, no input quantisation)
-    at the power model's mean clock over a burst of MAMF_CALLS calls, weights streamed from DRAM."""
+    at the power model's mean clock over the timed calls of the burst (MAMF_WINDOW), weights from DRAM."""
     om = OpModel(gpu, dtype)
     flops = 2.0 * m * n * k
     t_boost = om.gemm(m, n, k, 1.0, quantize=False).t
-    f = om.burst_clock(flops, t_boost, MAMF_CALLS)
+    f = om.burst_clock(flops, t_boost, MAMF_WINDOW)
     op = om.gemm(m, n, k, f, quantize=False)
     return {"tflops": flops / op.t / 1e12, "f_clk": f, "sm_mhz": f * om.gpu.boost_mhz, "bound": op.bound,
             "fitted_on": om.c.fitted_on, "borrowed_from": om.c.borrowed_from}
@@ -60,7 +60,7 @@ def score_mamf() -> dict:
                      "error_pct": round(100.0 * (p["tflops"] - meas) / meas, 2),
                      "burst_f_clk": round(p["f_clk"], 3), "burst_sm_mhz": round(p["sm_mhz"]),
                      "constants": p["fitted_on"], "note": note})
-    out: dict = {"source": MAMF_SOURCE, "calls_per_burst": MAMF_CALLS, "rows": rows}
+    out: dict = {"source": MAMF_SOURCE, "timed_calls_of_burst": MAMF_WINDOW, "rows": rows}
     for dtype in ("bf16", "fp8"):
         errs = [abs(r["error_pct"]) for r in rows if r["dtype"] == dtype]
         out[f"mape_{dtype}"] = round(sum(errs) / len(errs), 2)

@@ -30,7 +30,15 @@ import numpy as np
 from scipy.optimize import minimize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, in_use, transfer  # noqa: E402
+from m2live.efficiency import (  # noqa: E402
+    ARCH,
+    ATTN_BENCH_WINDOW,
+    FITTED_GROUPS,
+    GEMM_BENCH_WINDOW,
+    ArchConstants,
+    in_use,
+    transfer,
+)
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
 from m2live.validate import gemm_ms, in_core_region, measured, prefill_ms, read_table  # noqa: E402
@@ -75,10 +83,10 @@ CLOCK = {"mode": "power"}
 ONLY: set[str] = set()  # --only: the constants the simplex may move (empty: the whole group)
 
 
-def _clock(om: OpModel):
+def _clock(om: OpModel, window: tuple[int, int] = GEMM_BENCH_WINDOW):
     mode = CLOCK["mode"]
     if mode == "power":
-        return om.burst_clock
+        return lambda flops, t: om.burst_clock(flops, t, window)
     if mode == "forecast":
         return om.clock_ratio
     return lambda flops, t: 1.0
@@ -90,7 +98,7 @@ def predict(om: OpModel, kind: str, r: tuple) -> float:
         return gemm_ms(om, r[0], r[1], r[2], _clock(om), l2_warm=True)
     b, x, h, kv, d = r[:5]
     if kind == "prefill_attention":
-        return prefill_ms(om, b, x, h, kv, d, _clock(om))
+        return prefill_ms(om, b, x, h, kv, d, _clock(om, ATTN_BENCH_WINDOW))
     return om.decode_attention(b * x, b, h, kv, d, l2_warm=True).t * 1e3
 
 

@@ -30,7 +30,8 @@ SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS}
 # The constants a calibration fits, by the rows that see them. Every name is a field of ArchConstants (checked
 # below); a constant shared by two kinds (the attention floor) is fitted on both kinds' rows together.
 CALIBRATED: dict[str, tuple[str, ...]] = {
-    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup"),
+    "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup",
+             "limiter_headroom"),
     "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
                "t_ramp_kv", "l2_kv_bytes_per_clk"),
@@ -59,13 +60,15 @@ LINEAR: frozenset[str] = frozenset({"t_split", "t_merge", "t_relayout", "t_fixup
 SIGMA_DEFAULT = 0.5
 SIGMA: dict[str, float] = {"eta_tc": 0.2, "eta_mem": 0.15, "eta_attn": 0.2, "eta_attn_mem": 0.15, "overlap": 0.3,
                            "t_ramp": 0.7, "k_split": 0.7, "t_split": 4e-6, "t_merge": 1e-7, "t_relayout": 4e-6,
-                           "t_fixup": 1e-6}
+                           "t_fixup": 1e-6, "limiter_headroom": 0.3}
 BOUNDS_REL = (0.1, 10.0)  # theta within [prior * lo, prior * hi] unless in BOUNDS
 BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2, 1.1), "eta_attn": (0.1, 1.3),
                                           "eta_attn_mem": (0.1, 1.1), "overlap": (1.1, 12.0),
                                           "k_split": (128.0, 8192.0), "t_split": (0.0, 4e-5),
                                           "t_merge": (0.0, 1e-6), "t_relayout": (0.0, 4e-5),
-                                          "t_fixup": (0.0, 1e-5)}
+                                          "t_fixup": (0.0, 1e-5),
+                                          # the limiter's fast loop: from holding the TDP to no second stage
+                                          "limiter_headroom": (1.0, 2.0)}
 # Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.
 DISCRETE: dict[str, tuple[float, ...]] = {"k_split": (256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072)}
 RESID_SCALE = 0.03  # log-latency residual that counts as "one unit" in the robust loss (soft-L1 knee)

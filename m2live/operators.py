@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from .efficiency import (
-    BENCH_CALLS,
+    GEMM_BENCH_WINDOW,
     ArchConstants,
     GemmEfficiency,
     attention_wave,
@@ -170,11 +170,19 @@ class OpModel:
         # activity is relative to this dtype's peak; the power of a full-activity op is the bf16 peak's (an fp8
         # MMA does twice the FLOPs of a bf16 one for about the same energy)
         return clock_ratio(self.gpu.tdp_w, self.attn_peak, self.gpu.kernel_family, flops / (t_at_boost * self.peak),
-                           nbytes / (t_at_boost * self.bw), duration_s)
+                           nbytes / (t_at_boost * self.bw), duration_s, self.c.limiter_headroom)
 
-    def burst_clock(self, flops: float, t_at_boost: float, calls: int = BENCH_CALLS) -> float:
-        """f_clk of a benchmark measurement: the op run ``calls`` times back to back (opbench: BENCH_CALLS)."""
-        return self.clock_ratio(flops, t_at_boost, 0.0, calls * t_at_boost)
+    def burst_clock(self, flops: float, t_at_boost: float,
+                    window: tuple[int, int] = GEMM_BENCH_WINDOW) -> float:
+        """f_clk of a benchmark measurement: the op run back to back from an idle board, timed from call
+        ``window[0]`` to call ``window[1]`` (opbench: GEMM_BENCH_WINDOW, ATTN_BENCH_WINDOW) — the mean clock over
+        that part of the burst."""
+        first, last = window
+        f_last = self.clock_ratio(flops, t_at_boost, 0.0, last * t_at_boost)
+        if first <= 0:
+            return f_last
+        f_first = self.clock_ratio(flops, t_at_boost, 0.0, first * t_at_boost)
+        return (last * f_last - first * f_first) / (last - first)
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .efficiency import ArchConstants
+from .efficiency import ATTN_BENCH_WINDOW, GEMM_BENCH_WINDOW, ArchConstants
 from .hardware import get_gpu
 from .limits import positive_float  # noqa: F401  (re-exported: the CLI's number rule)
 from .predictor import OpModel
@@ -152,13 +152,14 @@ class RowPredictor:
                 raise TableError(str(e)) from None
         return m
 
-    def _f_clk(self, om: OpModel, flops: float, t_boost: float) -> float:
-        """The clock of one row: 'power' (default) the power model over the collector's burst of BENCH_CALLS
-        calls, 'forecast' the sustained (serving) clock, 'boost', or an SM clock in MHz."""
+    def _f_clk(self, om: OpModel, flops: float, t_boost: float, window: tuple[int, int] = GEMM_BENCH_WINDOW
+               ) -> float:
+        """The clock of one row: 'power' (default) the power model over the collector's timed ``window`` of its
+        burst of calls, 'forecast' the sustained (serving) clock, 'boost', or an SM clock in MHz."""
         if isinstance(self.clock, (int, float)):
             return float(self.clock) / om.gpu.boost_mhz
         if self.clock == "power":
-            return om.burst_clock(flops, t_boost)
+            return om.burst_clock(flops, t_boost, window)
         if self.clock == "forecast":
             return om.clock_ratio(flops, t_boost)
         return 1.0
@@ -181,7 +182,7 @@ class RowPredictor:
         if h % kv:
             raise TableError(f"{path}:{lineno}: num_heads {h} is not a multiple of num_key_value_heads {kv}")
         if kind == "prefill_attention":
-            return prefill_ms(om, b, isl, h, kv, d, lambda fl, t: self._f_clk(om, fl, t))
+            return prefill_ms(om, b, isl, h, kv, d, lambda fl, t: self._f_clk(om, fl, t, ATTN_BENCH_WINDOW))
         return om.decode_attention(b * step, b, h, kv, d, self._f_clk(om, 0.0, 1.0), l2_warm=self.l2_warm).t * 1e3
 
     def predict_table(self, table: Table) -> list[float]:
