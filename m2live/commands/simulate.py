@@ -207,20 +207,17 @@ def run_batch(args: argparse.Namespace) -> int:
             raise SimulationError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(BATCH_COLUMNS)})")
         rows = [{(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in row.items()}
                 for row in reader]
+    # every row's fields first: a bad row anywhere in the file is named before any configuration is simulated
+    parsed = []
+    for n, row in enumerate(rows, start=2):
+        with _row_errors(f"{path}:{n}"):
+            parsed.append(_batch_row(row))
     out_rows = []
     t0 = time.perf_counter()
-    for n, row in enumerate(rows, start=2):
-        where = f"{path}:{n}"
-        try:
-            r = run_one(row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
-                        _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"),
-                        (row.get("precision") or "bf16").lower(),
-                        _opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
-                        _opt_int(row.get("max_num_seqs"), "max_num_seqs"), clock=args.clock,
-                        calibration=args.calibration, test_run=not args.no_test_run)
-        except (ValueError, KeyError, OSError) as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise SimulationError(f"{where}: {msg}") from None
+    for n, (row, (fields_, limits)) in enumerate(zip(rows, parsed, strict=True), start=2):
+        with _row_errors(f"{path}:{n}"):
+            r = run_one(*fields_, *limits, clock=args.clock, calibration=args.calibration,
+                        test_run=not args.no_test_run)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -234,6 +231,39 @@ def run_batch(args: argparse.Namespace) -> int:
     else:
         _write(sys.stdout, fields, out_rows)
     return 0
+
+
+def _batch_row(row: dict) -> tuple[tuple, tuple]:
+    """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
+    precision) and the optional (max_num_batched_tokens, max_num_seqs). The model and a catalog GPU are looked up
+    (the CPU device is measured only when its row runs)."""
+    precision = (row.get("precision") or "bf16").lower()
+    if precision not in ("bf16", "fp8"):
+        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
+    get_model(row["model"])
+    if str(row["gpu"]).strip().lower() not in ("cpu", "cpu-device"):
+        get_gpu(str(row["gpu"]).strip())
+    fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
+               _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
+    limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
+              _opt_int(row.get("max_num_seqs"), "max_num_seqs"))
+    return fields_, limits
+
+
+class _row_errors:
+    """Turns a row's error into one line naming the row (``where``)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, e, tb) -> bool:
+        if e is None or not isinstance(e, (ValueError, KeyError, OSError)):
+            return False
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise SimulationError(f"{self.where}: {msg}") from None
 
 
 def _write(f, fields: list[str], rows: list[dict]) -> None:
