@@ -24,6 +24,8 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -93,10 +95,21 @@ def _opt_int(text: object, what: str) -> int | None:
     return _pos_int(text, what)
 
 
+def _is_cpu(name: str) -> bool:
+    """Whether a --gpu / ``gpu`` value names the CPU device rather than a catalog GPU."""
+    return str(name).strip().lower() in ("cpu", "cpu-device")
+
+
+def _check_precision(precision: str) -> str:
+    if precision not in ("bf16", "fp8"):
+        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
+    return precision
+
+
 def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants | None]:
     """The GPU from the catalog, or the CPU device measured on the model's own shapes at the threads a vLLM-CPU
     engine of ``tp`` ranks computes with (as the plugin measures it inside the engine)."""
-    if str(name).strip().lower() in ("cpu", "cpu-device"):
+    if _is_cpu(name):
         from ..cpu_device import cpu_device, device_constants, vllm_cpu_threads
 
         shape, threads = get_model(model), vllm_cpu_threads(tp)
@@ -118,8 +131,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = True) -> ServingResult:
-    if precision not in ("bf16", "fp8"):
-        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
+    _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
     if calibration:
@@ -237,11 +249,9 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
     precision) and the optional (max_num_batched_tokens, max_num_seqs). The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
-    precision = (row.get("precision") or "bf16").lower()
-    if precision not in ("bf16", "fp8"):
-        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
+    precision = _check_precision((row.get("precision") or "bf16").lower())
     get_model(row["model"])
-    if str(row["gpu"]).strip().lower() not in ("cpu", "cpu-device"):
+    if not _is_cpu(row["gpu"]):
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
@@ -250,20 +260,14 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     return fields_, limits
 
 
-class _row_errors:
-    """Turns a row's error into one line naming the row (``where``)."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, e, tb) -> bool:
-        if e is None or not isinstance(e, (ValueError, KeyError, OSError)):
-            return False
+@contextmanager
+def _row_errors(where: str) -> Iterator[None]:
+    """A row's error as one line naming the row (``where``)."""
+    try:
+        yield
+    except (ValueError, KeyError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise SimulationError(f"{self.where}: {msg}") from None
+        raise SimulationError(f"{where}: {msg}") from None
 
 
 def _write(f, fields: list[str], rows: list[dict]) -> None:
