@@ -279,8 +279,8 @@ ARCH: dict[str, ArchConstants] = {
     "hopper": ArchConstants(
         eta_tc=0.9983, i_crit=18.5021, k0=282.347, t_kernel=3.22564e-06, eta_mem=0.907861, overlap=3.16317,
         t_ramp=0.0, k_split=1792, t_fixup=1.41633e-06,
-        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the H100 holds 1.36 x TDP (refitted with
-        # the compute side, eta_mem and the ramp kept: H100 GEMM 5.58 -> 5.42 %)
+        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the H100 holds 1.47 x TDP (fitted on opbench
+        # h100_sxm GEMMs with the compute side, eta_mem and the ramp kept: H100 GEMM 5.58 -> 5.41 %)
         limiter_headroom=1.4681,
         # cuBLAS's sm90 kernels reduce split-K in the GEMM kernel (split_reduce "serial"): on the H100 table at
         # M <= 16 the time steps up by ~1 us where the split starts (N <= 4096, K 3584 -> 4096), not by a kernel
@@ -299,8 +299,8 @@ ARCH: dict[str, ArchConstants] = {
     "blackwell": ArchConstants(
         eta_tc=0.999012, i_crit=17.7937, k0=67.2522, t_kernel=1.89467e-06, eta_mem=0.919452, overlap=1.76885,
         t_ramp=1.02829e-07, k_split=2048, t_kiter=6.53409e-08,
-        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the B300 holds its TDP (1.02 x; refitted
-        # with the compute side, eta_mem and the ramp kept: B300 GEMM 6.32 -> 6.16 %)
+        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the B300 holds its TDP (1.02 x; fitted on
+        # opbench b300_sxm GEMMs with the compute side, eta_mem and the ramp kept: B300 GEMM 6.32 -> 6.14 %)
         limiter_headroom=1.0209,
         t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.925426, k0_attn=672.07, eta_attn_mem=0.9594,
         item_cost=1.566e-06, block_cost=8.00454e-07, cta_bw=8.597e+10, t_split=0.0, t_merge=8.021e-08,
@@ -620,11 +620,12 @@ ENERGY_PER_FLOP["cpu"] = 0.0
 BURST_HEADROOM = 2.0  # x TDP over a short burst, fitted jointly on opbench a100_sxm, h100_sxm, b300_sxm GEMMs
 TAU_CLOCK = 1.0  # s: power-averaging window (see above); fits as well as 0.3 s on the same bursts
 # The limiter's fast loop. On the H100's and B300's tables the clock of a compute-bound GEMM steps down once a
-# burst has run ~15 ms: the same least-time tiles lose 9 % (H100) and 19 % (B300) of their throughput between
+# burst has run ~20 ms: the same least-time tiles lose 9 % (H100) and 19 % (B300) of their throughput between
 # calls of 0.3 ms (bursts of ~10 ms) and calls of 2 ms and more (bursts of 70-400 ms), at every M, N and K,
 # where the one-second average above would still allow the start clock. A step fits the tables better than a
-# second exponential (unrefitted: H100 5.43 vs 5.49 %, B300 6.14 vs 6.21 %), and both tables put it at the same
-# time. After it the board holds ArchConstants.limiter_headroom x TDP (per family: what the fast loop lets
+# second exponential (the constants then in place, no refit: H100 5.43 vs 5.49 %, B300 6.14 vs 6.21 %), and both
+# tables put it at the same time (grid 15 / 20 / 25 / 30 ms, refitted: H100 5.53 / 5.41 / 5.42 / -, B300 6.16 /
+# 6.14 / 6.16 / 6.20 %). After it the board holds ArchConstants.limiter_headroom x TDP (per family: what the fast loop lets
 # through is the board's firmware and cooling, not a datasheet number) until the slow average takes over.
 LIMITER_ENGAGE_S = 0.02  # s: fitted jointly on opbench h100_sxm and b300_sxm GEMMs (a grid, see ARCH)
 # The calls of one opbench measurement (the collector's benchmark_with_power, NOTICE.md): 3 eager warm-up calls,
