@@ -624,8 +624,8 @@ TAU_CLOCK = 1.0  # s: power-averaging window (see above); fits as well as 0.3 s 
 # calls of 0.3 ms (bursts of ~10 ms) and calls of 2 ms and more (bursts of 70-400 ms), at every M, N and K,
 # where the one-second average above would still allow the start clock. A step fits the tables better than a
 # second exponential (the constants then in place, no refit: H100 5.43 vs 5.49 %, B300 6.14 vs 6.21 %), and both
-# tables put it at the same time (grid 15 / 20 / 25 / 30 ms, refitted: H100 5.53 / 5.41 / 5.42 / -, B300 6.16 /
-# 6.14 / 6.16 / 6.20 %). After it the board holds ArchConstants.limiter_headroom x TDP (per family: what the fast loop lets
+# tables put it at the same time (grid 15 / 20 / 25 / 30 ms before the refit: H100 5.53 / 5.45 / 5.44 / 5.45,
+# B300 6.16 / 6.14 / 6.17 / 6.20 %; refitted at 20 / 25 ms: H100 5.41 / 5.42, B300 6.14 / 6.16 %). After it the board holds ArchConstants.limiter_headroom x TDP (per family: what the fast loop lets
 # through is the board's firmware and cooling, not a datasheet number) until the slow average takes over.
 LIMITER_ENGAGE_S = 0.02  # s: fitted jointly on opbench h100_sxm and b300_sxm GEMMs (a grid, see ARCH)
 # The calls of one opbench measurement (the collector's benchmark_with_power, NOTICE.md): 3 eager warm-up calls,
