@@ -319,7 +319,9 @@ def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
 
 
-def test_batch_checks_every_row_before_simulating_any(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("concurrency, msg", [("two", "in.csv:52: concurrency"),
+                                              ("9" * 24, "in.csv:52: " + "9" * 23 + "90 requests")])
+def test_batch_checks_every_row_before_simulating_any(tmp_path, capsys, monkeypatch, concurrency, msg):
     """A malformed row at the end of a long file is named at once, not after the rows before it ran."""
     import m2live.commands.simulate as sim
 
@@ -328,10 +330,11 @@ def test_batch_checks_every_row_before_simulating_any(tmp_path, capsys, monkeypa
     monkeypatch.setattr(sim, "run_one", lambda *a, **k: calls.append(a) or real(*a, **k))
     src = tmp_path / "in.csv"
     good = f"{L8},h100-sxm,1,64,8,2,bf16\n"
-    src.write_text("model,gpu,tp,isl,osl,concurrency,precision\n" + good * 50 + f"{L8},h100-sxm,1,64,8,two,bf16\n")
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision\n" + good * 50
+                   + f"{L8},h100-sxm,1,64,8,{concurrency},bf16\n")
     rc = main(["simulate", "--batch", str(src), "-o", str(tmp_path / "o.csv")])
     err = capsys.readouterr().err
-    assert rc == 2 and "in.csv:52: concurrency" in err and calls == []
+    assert rc == 2 and msg in err and calls == []
     assert not (tmp_path / "o.csv").exists()
 
 

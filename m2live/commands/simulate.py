@@ -257,6 +257,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"))
+    ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
 
