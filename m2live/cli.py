@@ -47,13 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: BaseException) -> str:
+    """The error as one line: an OS error raised by open() as "PATH: reason" (not "[Errno 2] ... 'PATH'")."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror.lower()}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else e.__class__.__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except _expected_errors() as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        msg = _one_line(e)
         print(f"m2live {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

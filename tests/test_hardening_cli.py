@@ -124,6 +124,14 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
         assert out == "", case
 
 
+def test_an_unreadable_path_is_named_with_its_reason_not_an_errno(tmp_path, capsys):
+    """open()'s errors read "PATH: reason", the way the other one-line errors name their file."""
+    for path, reason in ((tmp_path / "missing.csv", "no such file or directory"), (tmp_path, "is a directory")):
+        assert main(["ops", str(path), "--gpu", "h100-sxm"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"m2live ops: error: {path}: {reason}", err
+
+
 def test_ops_to_a_full_device_in_a_real_process_is_one_line(tmp_path):
     """The same with the real file descriptors of a fresh process (no test runner in between)."""
     r = subprocess.run([sys.executable, "-m", "m2live", "ops", str(GEMM), "--gpu", "h100-sxm", "-o", "/dev/full"],
