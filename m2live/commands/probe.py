@@ -25,19 +25,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="instead: measure this GPU's calibration plan (~1-2 min) and write the tables and "
                         "calibration.json into --out (m2live calibrate)")
+    p.add_argument("--holdout", type=float, default=0.0, metavar="S",
+                   help="with --calibrate: then measure shapes outside the plan for S seconds into --out/holdout/ "
+                        "and score the zero-shot and calibrated predictions on them")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..probe import run_probe
+    from ..probe import ProbeError, run_probe
 
     console = Console(highlight=False, soft_wrap=True)
     if args.calibrate:
         from ..probe.calibrate import run_calibrate
 
-        run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print)
+        run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print, holdout_s=args.holdout)
         return 0
+    if args.holdout:
+        raise ProbeError("--holdout checks a calibration: give it with --calibrate")
     doc = run_probe(args.out, quick=args.quick, dry_run=args.dry_run, gpu=args.gpu, seed=args.seed,
                     time_limit_s=args.time_limit, say=console.print, plot=not args.no_plot)
     gm, sm = doc["mape"].get("gemm", {}), doc["mape"].get("steps", {})

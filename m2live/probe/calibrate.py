@@ -2,13 +2,20 @@
 
 For each kind the plan (``m2live calibrate plan``, default budgets) is measured the way opbench measured its
 tables, so the fit sees the rows it was designed for:
-- GEMMs: ``torch.nn.functional.linear`` (bf16) captured in a CUDA graph of 5 back-to-back calls, 3 warm-up
-  replays, then the mean of 6 timed replays (CUDA events) / 5 — short bursts, no L2 flush;
+- GEMMs: ``torch.nn.functional.linear`` (bf16) captured in a CUDA graph of back-to-back calls that run six
+  copies of the weight in turn (the collector's copies, ``OpModel.BENCH_COPIES``: a weight comes back from L2
+  only when the six copies fit in it, which is what the model assumes of an opbench row), 3 warm-up replays,
+  then the mean of 6 timed replays (CUDA events) per call — short bursts, no L2 flush;
 - attention: vLLM's own FlashAttention (``flash_attn_varlen_func`` on a paged KV cache of 64-token blocks, with
   the KV-cache write ``reshape_and_cache_flash`` in front, as vLLM runs it) where vLLM is importable; otherwise
   attention is skipped and the output says so. Shapes whose buffers would not fit in free memory are skipped.
 The tables go to DIR (``gemm_bf16.csv``, ``prefill_attention_bf16.csv``, ``decode_attention_bf16.csv``, the
 opbench layout) and ``calibrate.fit`` writes ``DIR/calibration.json``.
+
+``holdout_s`` > 0 then checks the calibration on shapes it never saw: further shapes of the same grid (accuracy
+region, shapes every opbench GPU has, not in the plan; a fixed random order, so a run cut short by the time
+still samples every regime) measured the same way for that many seconds into ``DIR/holdout/``, and the MAPE of
+the architecture's constants (zero-shot) and of the calibration on them. ``DIR/summary.json`` records the run.
 
 ``--dry-run`` runs the whole pipeline on the CPU: the same plan (for the dry-run GPU), each shape shrunk to a tiny
 one and timed with ``perf_counter``, torch's SDPA standing in for vLLM's attention. The numbers mean nothing; the
@@ -18,6 +25,7 @@ pipeline (plan -> tables -> fit -> calibration file) is what it exercises.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import time
@@ -25,13 +33,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import calibrate as cal
+from ..calibration_file import read_rows
 from ..hardware import GpuSpec, get_gpu
+from ..operators import OpModel
 from .device import ProbeError, _Device, load_torch
 from .plan import DRY_GPU
 
 CAL_FILE = "calibration.json"
-GEMM_CALLS, WARMUP, REPLAYS = 5, 3, 6  # opbench's timing: 5 calls per graph, 3 warm-up, mean of 6 replays
+SUMMARY_FILE = "summary.json"
+HOLDOUT_DIR = "holdout"
+WARMUP, REPLAYS = 3, 6  # opbench's timing: 3 warm-up replays, then the mean of 6
+WEIGHT_COPIES = OpModel.BENCH_COPIES  # one call per copy in each replay
 BLOCK = 64  # vLLM KV-cache block size of the opbench attention rows
 MEM_SHARE = 0.6  # skip a shape whose buffers need more than this share of free device memory
 DRY_CAP = 32  # dry run: every dimension shrunk to at most this
@@ -89,12 +104,17 @@ def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry:
     m, n, k = (int(row[c]) for c in ("m", "n", "k"))
     if dry:
         m, n, k = (min(v, DRY_CAP) for v in (m, n, k))
-    if 2.0 * (m * k + n * k + m * n) > MEM_SHARE * timer.free_bytes():
+    if 2.0 * (m * k + WEIGHT_COPIES * n * k + m * n) > MEM_SHARE * timer.free_bytes():
         return None
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(WEIGHT_COPIES)]
     F = torch.nn.functional
-    return timer.per_call(lambda: F.linear(x, w), GEMM_CALLS)  # the buffers go when this returns
+    turn = iter(range(1 << 62))
+
+    def call() -> None:  # the copies in turn: WEIGHT_COPIES calls of a replay read each once
+        F.linear(x, ws[next(turn) % WEIGHT_COPIES])
+
+    return timer.per_call(call, WEIGHT_COPIES)  # the buffers go when this returns
 
 
 def _measure_attention(torch: Any, timer: _Timer, dev: Any, kind: str, row: dict[str, str], fa: Callable | None,
@@ -157,8 +177,14 @@ def _open(dry_run: bool, gpu: str | None) -> tuple[Any, GpuSpec, Any]:
 class _Kind:
     """Measures one kind's planned rows (those the time left allows) on one device."""
 
-    def __init__(self, torch: Any, timer: _Timer, dev: Any, fa: Callable | None, dry_run: bool, say: Say):
+    def __init__(self, torch: Any, timer: _Timer, dev: Any, fa: Callable | None, dry_run: bool, say: Say,
+                 attn_what: str):
         self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
+        self.attn_what = attn_what
+
+    def source(self, kind: str) -> str:
+        """The kernel_source column of this kind's rows."""
+        return "torch.nn.functional.linear" if kind == "gemm" else self.attn_what
 
     def one(self, kind: str, r: dict[str, str]) -> float | None:
         """Seconds per call of one planned row; None when it was not measured (too big, refused)."""
@@ -182,7 +208,7 @@ class _Kind:
         return got
 
 
-def _fit(out_dir: Path, spec: GpuSpec, summary: dict, say: Say) -> None:
+def _fit(out_dir: Path, spec: GpuSpec, summary: dict, say: Say) -> cal.Calibration:
     """Fit the calibration on the tables written, save it beside them, say how much it helped."""
     c = cal.fit(out_dir, spec.name)
     c.save(out_dir / CAL_FILE)
@@ -191,11 +217,57 @@ def _fit(out_dir: Path, spec: GpuSpec, summary: dict, say: Say) -> None:
     say(f"wrote {out_dir / CAL_FILE} after {summary['measure_s']:.0f} s of measurement: " + "; ".join(
         f"{k} MAPE {v['mape_prior']:.1f}% -> {v['mape_fitted']:.1f}% on its {c.rows[k]} rows"
         for k, v in c.residual.items()))
+    return c
+
+
+def holdout_rows(kind: str, planned: list[dict[str, str]], seed: int = 0) -> list[dict[str, str]]:
+    """The grid's shapes of ``kind`` (accuracy region, shapes every opbench GPU has) that the plan does not
+    measure, in a fixed random order."""
+    taken = {cal.shape_key(kind, r) for r in planned}
+    rows = [r for r in cal.grid_rows(kind, region=True, common=True) if cal.shape_key(kind, r) not in taken]
+    order = np.random.default_rng(seed).permutation(len(rows))
+    return [rows[i] for i in order]
+
+
+def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration, out_dir: Path, holdout_s: float,
+             summary: dict, say: Say) -> None:
+    """Measure shapes the plan left out for ``holdout_s`` seconds (shared by the kinds measured), write them to
+    DIR/holdout/ and score the prior and the calibration on them."""
+    hdir = out_dir / HOLDOUT_DIR
+    hdir.mkdir(exist_ok=True)
+    deadline = time.monotonic() + holdout_s
+    share = holdout_s / max(1, len(kinds))
+    for i, kind in enumerate(kinds):
+        rows = holdout_rows(kind, cal.plan(spec.name, kind))
+        last = i + 1 == len(kinds)  # the last kind also gets what the others left
+        got = measure.all(kind, rows, deadline if last else min(deadline, time.monotonic() + share))
+        path = hdir / cal.FILES[kind]
+        if len(got) < cal.MIN_ROWS:
+            say(f"holdout {kind}: {len(got)} shapes measured, too few to score")
+            continue
+        _write_table(path, kind, spec.name, got, measure.source(kind), _vllm_version(measure.fa))
+    try:
+        held = read_rows(hdir, spec)
+    except cal.CalibrationError as e:
+        say(f"holdout: nothing to score ({e})")
+        return
+    report = {}
+    for kind in kinds:
+        sub = [r for r in held if r.kind == kind]
+        if sub:
+            report[kind] = {"rows": len(sub), "mape_zero_shot": round(cal.score(None, spec.name, sub), 3),
+                            "mape_calibrated": round(cal.score(c, spec.name, sub), 3)}
+            say(f"holdout {kind}: {len(sub)} shapes the plan left out: MAPE zero-shot "
+                f"{report[kind]['mape_zero_shot']:.1f}% -> calibrated {report[kind]['mape_calibrated']:.1f}%")
+    summary["holdout"] = report
 
 
 def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: str | None = None,
-                  say: Say = print, time_limit_s: float = 110.0) -> dict:
-    """Measure the plan, write the tables and the calibration into ``out``; returns a summary."""
+                  say: Say = print, time_limit_s: float = 110.0, holdout_s: float = 0.0) -> dict:
+    """Measure the plan, write the tables and the calibration into ``out`` (and, for ``holdout_s`` seconds,
+    shapes outside the plan to check it on); returns the summary, also written to ``out/summary.json``."""
+    if not holdout_s >= 0 or not math.isfinite(holdout_s):
+        raise ProbeError(f"--holdout must be a non-negative number of seconds, got {holdout_s}")
     torch, spec, dev = _open(dry_run, gpu)
     out_dir = Path(out) if out else Path("results") / "calibration" / spec.name.replace(" ", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,10 +276,15 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
         f"attention: {attn_what}")
     t0 = time.monotonic()
-    summary: dict = {"gpu": spec.name, "dry_run": dry_run, "attention": attn_what, "measured": {}, "skipped": {},
-                     "out_dir": str(out_dir)}
+    summary: dict = {"gpu": spec.name, "device_name": torch.cuda.get_device_name() if not dry_run else "cpu",
+                     "dry_run": dry_run, "torch": torch.__version__, "attention": attn_what,
+                     "gemm_timing": (f"{'perf_counter, no graph' if dry_run else 'CUDA graph, CUDA events'}, "
+                                     f"{WEIGHT_COPIES} weight copies in turn, {0 if dry_run else WARMUP} warm-up "
+                                     f"replays, mean of {REPLAYS}"),
+                     "measured": {}, "skipped": {}, "out_dir": str(out_dir)}
     torch.manual_seed(0)
-    measure = _Kind(torch, timer, dev, fa, dry_run, say)
+    measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what)
+    kinds = []
     for kind in cal.KINDS:
         if kind != "gemm" and fa is None and not dry_run:
             say(f"{kind}: skipped ({attn_what})")
@@ -218,10 +295,15 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
         summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
         say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else ""))
         if got:
-            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got,
-                         "torch.nn.functional.linear" if kind == "gemm" else attn_what, _vllm_version(fa))
+            kinds.append(kind)
+            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind), _vllm_version(fa))
     summary["measure_s"] = round(time.monotonic() - t0, 1)
-    _fit(out_dir, spec, summary, say)
+    c = _fit(out_dir, spec, summary, say)
+    if holdout_s > 0:
+        t1 = time.monotonic()
+        _holdout(measure, spec, kinds, c, out_dir, holdout_s, summary, say)
+        summary["holdout_s"] = round(time.monotonic() - t1, 1)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 

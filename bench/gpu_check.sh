@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device check on a lent NVIDIA GPU, in one go (device time is scarce): the quick probe (clock droop, GEMMs
+# under sustained load, whole torch decoder steps) and the calibrated mode (the plan measured, fitted, then
+# checked on grid shapes outside the plan). Writes under OUT (default results/probe/<date>):
+#   probe/probe.json probe/probe.png cal/calibration.json cal/summary.json cal/*.csv cal/holdout/*.csv log.txt
+# Usage: bench/gpu_check.sh [--dry-run] [OUT]     (--dry-run: the same pipeline on the CPU)
+# Needs python3 with torch (CUDA) and nvidia-ml-py; runs from the repository root with PYTHONPATH=. .
+set -u
+DRY=""
+if [ "${1:-}" = "--dry-run" ]; then DRY="--dry-run"; shift; fi
+OUT=${1:-results/probe/$(date -u +%Y%m%d)}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+{
+  date -u +%FT%TZ
+  git rev-parse --short HEAD 2>/dev/null || true
+  [ -z "$DRY" ] && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv
+  echo "== probe --quick"
+  timeout 300 $PY -m m2live probe --quick $DRY --time-limit 200 --out "$OUT/probe"; echo "rc=$?"
+  echo "== probe --calibrate --holdout"
+  timeout 300 $PY -m m2live probe --calibrate $DRY --holdout ${HOLDOUT_S:-140} --out "$OUT/cal"; echo "rc=$?"
+  date -u +%FT%TZ
+} 2>&1 | tee "$OUT/log.txt"
