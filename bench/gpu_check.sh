@@ -4,6 +4,7 @@
 # checked on grid shapes outside the plan). Writes under OUT (default results/probe/<date>):
 #   probe/probe.json probe/probe.png cal/calibration.json cal/summary.json cal/*.csv cal/holdout/*.csv log.txt
 # Usage: bench/gpu_check.sh [--dry-run] [OUT]     (--dry-run: the same pipeline on the CPU)
+# PARTS="probe cal" (default; in that order), HOLDOUT_S=140 (seconds of held-out shapes after the plan).
 # Needs python3 with torch (CUDA) and nvidia-ml-py; runs from the repository root with PYTHONPATH=. .
 set -u
 DRY=""
@@ -16,9 +17,14 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
   date -u +%FT%TZ
   git rev-parse --short HEAD 2>/dev/null || true
   [ -z "$DRY" ] && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv
-  echo "== probe --quick"
-  timeout 300 $PY -m m2live probe --quick $DRY --time-limit 200 --out "$OUT/probe"; echo "rc=$?"
-  echo "== probe --calibrate --holdout"
-  timeout 300 $PY -m m2live probe --calibrate $DRY --holdout ${HOLDOUT_S:-140} --out "$OUT/cal"; echo "rc=$?"
+  for part in ${PARTS:-probe cal}; do
+    case $part in
+      probe) echo "== probe --quick"
+             timeout 300 $PY -m m2live probe --quick $DRY --time-limit 200 --out "$OUT/probe"; echo "rc=$?" ;;
+      cal)   echo "== probe --calibrate --holdout"
+             timeout 300 $PY -m m2live probe --calibrate $DRY --holdout ${HOLDOUT_S:-140} --out "$OUT/cal"; echo "rc=$?" ;;
+      *)     echo "unknown part $part (probe, cal)"; exit 2 ;;
+    esac
+  done
   date -u +%FT%TZ
 } 2>&1 | tee "$OUT/log.txt"

@@ -331,3 +331,39 @@ def test_probe_calibrate_dry_run_end_to_end(tmp_path):
     assert c.gpu == H100 and c.rows == cal.DEFAULT_BUDGET
     src = out / cal.FILES["gemm"]
     assert run("ops", str(src), "--calibration", str(out / "calibration.json")).returncode == 0
+
+
+def test_holdout_rows_are_the_rest_of_the_grid_in_a_fixed_order():
+    from m2live.probe.calibrate import holdout_rows
+
+    planned = cal.plan(H100, "gemm")
+    a, b = holdout_rows("gemm", planned), holdout_rows("gemm", planned)
+    keys = [cal.shape_key("gemm", r) for r in a]
+    assert keys == [cal.shape_key("gemm", r) for r in b]  # deterministic
+    grid = {cal.shape_key("gemm", r) for r in cal.grid_rows("gemm", common=True)}
+    plan_keys = {cal.shape_key("gemm", r) for r in planned}
+    assert set(keys) == grid - plan_keys and len(keys) == len(set(keys))
+    assert keys[:50] != sorted(keys[:50])  # shuffled: a run cut short still samples every size
+
+
+def test_probe_calibrate_holdout_dry_run_scores_shapes_outside_the_plan(tmp_path):
+    out = tmp_path / "cal"
+    p = run("probe", "--calibrate", "--dry-run", "--holdout", "3", "--out", str(out), timeout=600)
+    assert p.returncode == 0, p.stderr + p.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    plan_keys = {cal.shape_key("gemm", r) for r in csv.DictReader((out / cal.FILES["gemm"]).open())}
+    held = list(csv.DictReader((out / "holdout" / cal.FILES["gemm"]).open()))
+    assert len(held) >= cal.MIN_ROWS and not plan_keys & {cal.shape_key("gemm", r) for r in held}
+    h = summary["holdout"]["gemm"]
+    assert h["rows"] == len(held) and h["mape_zero_shot"] > 0 and h["mape_calibrated"] > 0
+    clocks = summary["clock"]
+    assert len(clocks["plan"]["gemm"]["row_mhz"]) == len(plan_keys)
+    assert len(clocks["holdout"]["gemm"]["row_mhz"]) == len(held)
+    assert all(0 < mhz <= 3000 for mhz in clocks["holdout"]["gemm"]["row_mhz"])
+
+
+def test_probe_holdout_needs_calibrate_and_a_sane_number():
+    p = run("probe", "--dry-run", "--holdout", "3")
+    assert p.returncode == 2 and "--calibrate" in p.stderr and "Traceback" not in p.stderr
+    p = run("probe", "--dry-run", "--calibrate", "--holdout", "nan", "--out", "/tmp/m2live-unused")
+    assert p.returncode == 2 and "--holdout" in p.stderr and "Traceback" not in p.stderr

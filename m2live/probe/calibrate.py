@@ -28,6 +28,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +40,11 @@ from .. import calibrate as cal
 from ..calibration_file import read_rows
 from ..hardware import GpuSpec, get_gpu
 from ..operators import OpModel
-from .device import ProbeError, _Device, load_torch
+from ..telemetry import ClockSampler, NvmlClockSource, ReplayClockSource, TelemetryError
+from .device import ProbeError, _Device, load_torch, one_line
+from .env import _nvml_info, dry_run_readings
 from .plan import DRY_GPU
+from .score import clock_stats
 
 CAL_FILE = "calibration.json"
 SUMMARY_FILE = "summary.json"
@@ -52,6 +56,7 @@ MEM_SHARE = 0.6  # skip a shape whose buffers need more than this share of free 
 DRY_CAP = 32  # dry run: every dimension shrunk to at most this
 
 Say = Callable[[str], None]
+Measured = tuple[dict[str, str], float, float | None]  # (planned row, seconds per call, median SM clock MHz)
 
 
 class _Timer:
@@ -174,13 +179,42 @@ def _open(dry_run: bool, gpu: str | None) -> tuple[Any, GpuSpec, Any]:
     return torch, spec, torch.device("cuda", torch.cuda.current_device())
 
 
+CLOCK_PERIOD_S = 0.005  # a GEMM row's timed replays last a few ms: sample often enough to see them
+
+
+def _clock(torch: Any, spec: GpuSpec, dry_run: bool, seconds: float) -> tuple[ClockSampler | None, str]:
+    """A started SM-clock sampler (NVML; the dry run's replayed droop) and what it reads; None when NVML is not
+    there (the calibration needs no clock; the summary then says why it has none)."""
+    try:
+        source = (ReplayClockSource(dry_run_readings(spec)) if dry_run
+                  else NvmlClockSource(_nvml_info(torch)["nvml_index"]))
+    except (ProbeError, TelemetryError) as e:
+        return None, f"no clock: {one_line(e)}"
+    history = int(seconds / CLOCK_PERIOD_S) + 1000
+    return ClockSampler(source, period_s=CLOCK_PERIOD_S, history=history).start(), (
+        "replayed synthetic droop (dry run)" if dry_run else "NVML SM clock")
+
+
 class _Kind:
     """Measures one kind's planned rows (those the time left allows) on one device."""
 
     def __init__(self, torch: Any, timer: _Timer, dev: Any, fa: Callable | None, dry_run: bool, say: Say,
-                 attn_what: str):
+                 attn_what: str, sampler: ClockSampler | None = None):
         self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
-        self.attn_what = attn_what
+        self.attn_what, self.sampler = attn_what, sampler
+
+    def clock_mhz(self, t0: float, t1: float) -> float | None:
+        """Median SM clock sampled between ``t0`` and ``t1`` (the latest reading, when none fell inside)."""
+        if self.sampler is None:
+            return None
+        rs = self.sampler.between(t0, t1) or [r for r in (self.sampler.latest()[0],) if r is not None]
+        return float(statistics.median(r.sm_mhz for r in rs)) if rs else None
+
+    def window(self, t0: float, t1: float, got: list[Measured]) -> dict:
+        """The clock over a whole kind's measurement: clock_stats, and each measured row's median clock."""
+        if self.sampler is None:
+            return {"samples": 0}
+        return {**clock_stats(self.sampler.between(t0, t1)), "row_mhz": [g[2] for g in got]}
 
     def source(self, kind: str) -> str:
         """The kernel_source column of this kind's rows."""
@@ -196,13 +230,14 @@ class _Kind:
             return None
         return t if t is not None and t > 0 and math.isfinite(t) else None
 
-    def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[tuple[dict[str, str], float]]:
-        """(row, seconds) of every row measured before ``deadline`` (time.monotonic())."""
+    def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[Measured]:
+        """(row, seconds, median SM clock) of every row measured before ``deadline`` (time.monotonic())."""
         got = []
         for r in rows:
-            t = self.one(kind, r) if time.monotonic() <= deadline else None
+            t0 = time.monotonic()
+            t = self.one(kind, r) if t0 <= deadline else None
             if t is not None:
-                got.append((r, t))
+                got.append((r, t, self.clock_mhz(t0, time.monotonic())))
         if self.timer.cuda:
             self.torch.cuda.empty_cache()
         return got
@@ -240,7 +275,9 @@ def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration
     for i, kind in enumerate(kinds):
         rows = holdout_rows(kind, cal.plan(spec.name, kind))
         last = i + 1 == len(kinds)  # the last kind also gets what the others left
+        t0 = time.monotonic()
         got = measure.all(kind, rows, deadline if last else min(deadline, time.monotonic() + share))
+        summary["clock"]["holdout"][kind] = measure.window(t0, time.monotonic(), got)
         path = hdir / cal.FILES[kind]
         if len(got) < cal.MIN_ROWS:
             say(f"holdout {kind}: {len(got)} shapes measured, too few to score")
@@ -258,7 +295,8 @@ def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration
             report[kind] = {"rows": len(sub), "mape_zero_shot": round(cal.score(None, spec.name, sub), 3),
                             "mape_calibrated": round(cal.score(c, spec.name, sub), 3)}
             say(f"holdout {kind}: {len(sub)} shapes the plan left out: MAPE zero-shot "
-                f"{report[kind]['mape_zero_shot']:.1f}% -> calibrated {report[kind]['mape_calibrated']:.1f}%")
+                f"{report[kind]['mape_zero_shot']:.1f}% -> calibrated {report[kind]['mape_calibrated']:.1f}%"
+                + _clock_note(summary["clock"]["holdout"].get(kind, {})))
     summary["holdout"] = report
 
 
@@ -283,28 +321,47 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
                                      f"replays, mean of {REPLAYS}"),
                      "measured": {}, "skipped": {}, "out_dir": str(out_dir)}
     torch.manual_seed(0)
-    measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what)
-    kinds = []
-    for kind in cal.KINDS:
-        if kind != "gemm" and fa is None and not dry_run:
-            say(f"{kind}: skipped ({attn_what})")
-            continue
-        rows = cal.plan(spec.name, kind)
-        got = measure.all(kind, rows, t0 + time_limit_s)
-        skipped = len(rows) - len(got)
-        summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
-        say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else ""))
-        if got:
-            kinds.append(kind)
-            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind), _vllm_version(fa))
-    summary["measure_s"] = round(time.monotonic() - t0, 1)
-    c = _fit(out_dir, spec, summary, say)
-    if holdout_s > 0:
-        t1 = time.monotonic()
-        _holdout(measure, spec, kinds, c, out_dir, holdout_s, summary, say)
-        summary["holdout_s"] = round(time.monotonic() - t1, 1)
+    sampler, clock_what = _clock(torch, spec, dry_run, time_limit_s + holdout_s + 60.0)
+    summary["clock"] = {"source": clock_what, "plan": {}, "holdout": {}}
+    measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler)
+    try:
+        kinds = []
+        for kind in cal.KINDS:
+            if kind != "gemm" and fa is None and not dry_run:
+                say(f"{kind}: skipped ({attn_what})")
+                continue
+            rows = cal.plan(spec.name, kind)
+            t_kind = time.monotonic()
+            got = measure.all(kind, rows, t0 + time_limit_s)
+            summary["clock"]["plan"][kind] = measure.window(t_kind, time.monotonic(), got)
+            skipped = len(rows) - len(got)
+            summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
+            say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else "")
+                + _clock_note(summary["clock"]["plan"][kind]))
+            if got:
+                kinds.append(kind)
+                _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind), _vllm_version(fa))
+        summary["measure_s"] = round(time.monotonic() - t0, 1)
+        c = _fit(out_dir, spec, summary, say)
+        if holdout_s > 0:
+            t1 = time.monotonic()
+            _holdout(measure, spec, kinds, c, out_dir, holdout_s, summary, say)
+            summary["holdout_s"] = round(time.monotonic() - t1, 1)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+            sampler.source.close()
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _clock_note(stats: dict) -> str:
+    """'; SM clock median 1980 MHz (1410-1980), sw_power_cap' for a say() line; '' without samples."""
+    if not stats.get("samples"):
+        return ""
+    names = ", ".join(stats.get("event_reason_names") or [])
+    return (f"; SM clock median {stats['clock_mhz']:.0f} MHz ({stats['clock_min_mhz']:.0f}-"
+            f"{stats['clock_max_mhz']:.0f}){f', {names}' if names else ''}")
 
 
 def _vllm_version(fa: Callable | None) -> str:
@@ -315,12 +372,11 @@ def _vllm_version(fa: Callable | None) -> str:
     return str(getattr(vllm, "__version__", ""))
 
 
-def _write_table(path: Path, kind: str, device: str, got: list[tuple[dict[str, str], float]], source: str,
-                 version: str) -> None:
+def _write_table(path: Path, kind: str, device: str, got: list[Measured], source: str, version: str) -> None:
     cols = ["device", "vllm_version", "kernel_source", *cal.SHAPE_COLS[kind], "latency_ms"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
         w.writeheader()
-        for r, t in got:
+        for r, t, _ in got:
             w.writerow({"device": device, "vllm_version": version, "kernel_source": source,
                         **{c: r[c] for c in cal.SHAPE_COLS[kind]}, "latency_ms": f"{t * 1e3:.6g}"})
