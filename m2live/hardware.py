@@ -277,21 +277,23 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H200", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=60, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = sparse/2; "
-               "141 GB HBM3e 4.8 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction); same GH100 "
-               "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, 50 MB L2, TF at 1830 MHz)",
+               "141 GB HBM3e 4.8 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction); same GH100 SM "
+               "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, TF at 1830 MHz); L2 60 MiB: "
+               "cudaDeviceProp.l2CacheSize = 62914560 read on an H200 by m2live probe, 2026-12-04 (the H100 SXM5 "
+               "reports 50 MiB)",
         aliases=("h200", "h200-sxm", "h200-141gb"),
     ),
     GpuSpec(
         name="NVIDIA H200 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
         tflops_at_mhz=1545,
-        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=50, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=60, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 NVL column (BF16 1,671* TF, FP8 3,341* TF -> dense = sparse/2; "
                "141 GB HBM3e 4.8 TB/s, up to 600 W, 2-/4-way NVLink bridge 900 GB/s = 450 per direction, PCIe "
                "Gen5 128 GB/s); clocks not published: assumed = H100 NVL (1080/1785 MHz), tflops_at_mhz "
-               "derived 835.5 TF / (132 x 4096) = 1545 MHz",
+               "derived 835.5 TF / (132 x 4096) = 1545 MHz; L2 assumed = H200 SXM (60 MiB, read on one)",
         aliases=("h200-nvl",),
     ),
     GpuSpec(
