@@ -25,11 +25,13 @@ pipeline (plan -> tables -> fit -> calibration file) is what it exercises.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
 import statistics
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,12 +116,8 @@ def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry:
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(WEIGHT_COPIES)]
     F = torch.nn.functional
-    turn = iter(range(1 << 62))
-
-    def call() -> None:  # the copies in turn: WEIGHT_COPIES calls of a replay read each once
-        F.linear(x, ws[next(turn) % WEIGHT_COPIES])
-
-    return timer.per_call(call, WEIGHT_COPIES)  # the buffers go when this returns
+    copies = itertools.cycle(ws)  # in turn: the WEIGHT_COPIES calls of a replay read each copy once
+    return timer.per_call(lambda: F.linear(x, next(copies)), WEIGHT_COPIES)  # the buffers go when this returns
 
 
 def _measure_attention(torch: Any, timer: _Timer, dev: Any, kind: str, row: dict[str, str], fa: Callable | None,
@@ -203,12 +201,19 @@ class _Kind:
         self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
         self.attn_what, self.sampler = attn_what, sampler
 
-    def clock_mhz(self, t0: float, t1: float) -> float | None:
-        """Median SM clock sampled between ``t0`` and ``t1`` (the latest reading, when none fell inside)."""
-        if self.sampler is None:
-            return None
-        rs = self.sampler.between(t0, t1) or [r for r in (self.sampler.latest()[0],) if r is not None]
-        return float(statistics.median(r.sm_mhz for r in rs)) if rs else None
+    def clocks(self, spans: list[tuple[float, float]]) -> list[float | None]:
+        """Each (start, end) span's median SM clock (the last reading before its end when none fell inside),
+        from one read of the sampler's history after the measuring is done."""
+        if self.sampler is None or not spans:
+            return [None] * len(spans)
+        rs = self.sampler.between(spans[0][0] - 1.0, spans[-1][1])
+        ts = [r.t for r in rs]
+        out: list[float | None] = []
+        for a, b in spans:
+            i, j = bisect_left(ts, a), bisect_right(ts, b)
+            inside = rs[i:j] or rs[max(0, j - 1):j]
+            out.append(float(statistics.median(r.sm_mhz for r in inside)) if inside else None)
+        return out
 
     def window(self, t0: float, t1: float, got: list[Measured]) -> dict:
         """The clock over a whole kind's measurement: clock_stats, and each measured row's median clock."""
@@ -232,15 +237,16 @@ class _Kind:
 
     def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[Measured]:
         """(row, seconds, median SM clock) of every row measured before ``deadline`` (time.monotonic())."""
-        got = []
+        got, spans = [], []
         for r in rows:
             t0 = time.monotonic()
             t = self.one(kind, r) if t0 <= deadline else None
             if t is not None:
-                got.append((r, t, self.clock_mhz(t0, time.monotonic())))
+                got.append((r, t))
+                spans.append((t0, time.monotonic()))
         if self.timer.cuda:
             self.torch.cuda.empty_cache()
-        return got
+        return [(r, t, mhz) for (r, t), mhz in zip(got, self.clocks(spans), strict=True)]
 
 
 def _fit(out_dir: Path, spec: GpuSpec, summary: dict, say: Say) -> cal.Calibration:
