@@ -58,8 +58,8 @@ def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
     return "compute" if t_compute >= t_memory else "memory"
 
 
-@dataclass(frozen=True)
-class OpTime:
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
+class OpTime:  # ~1 us of the ~20 us a whole step's prediction takes; nothing mutates one
     t: float
     bound: str  # "compute" | "memory" | "latency"
     t_compute: float
@@ -93,6 +93,11 @@ class OpModel:
         self.attn_elt = 2  # attention operands and the KV cache: bf16 at either precision
         self.attn_peak = self.gpu.peak_flops("bf16") if dtype == "fp8" else self.peak
         self.bw = self.gpu.mem_bw
+        g = self.gpu  # the datasheet facts every call reads, looked up once (the step predictor's hot path)
+        self._sms = g.sms
+        self._sm_limits = g.sm_limits
+        self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
+        self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
 
     # ---- GEMM -----------------------------------------------------------------------------------
@@ -197,7 +202,7 @@ class OpModel:
         ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, plus one combine.
         """
         c = self.c
-        if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
+        if seqs and seqs[0][0] == 1 and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
             return self.decode_attention(sum(ctx for _, ctx in seqs), len(seqs), heads, kv_heads, head_dim, f_clk)
         pairs = 0.0
         q_tokens = 0
@@ -234,21 +239,20 @@ class OpModel:
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
-        split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self.gpu.sms) if c.prefill_split else 1
+        split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self._sms) if c.prefill_split else 1
         wave = self._tile_makespan_fill(ctas * heads * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
         # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
-        if self.gpu.exp_per_clk:
-            t_exp = flops / (4.0 * head_dim) / (self.gpu.sms * self.gpu.exp_per_clk * self.gpu.boost_mhz * 1e6
-                                                 * f_clk * wave)
+        if self._exp_rate:
+            t_exp = flops / (4.0 * head_dim) / (self._exp_rate * f_clk * wave)
             tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
         tm = nbytes / (self.bw * c.eta_attn_mem)
-        t_items = ctas * kv_heads * c.block_cost / self.gpu.sms
+        t_items = ctas * kv_heads * c.block_cost / self._sms
         tc += t_items
         tm += t_items
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
@@ -276,7 +280,7 @@ class OpModel:
         nbytes = self.attn_elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
-        sms = self.gpu.sms
+        sms = self._sms
         grouped = heads > kv_heads
         group = heads // kv_heads if grouped else 1  # query heads per CTA (plain multi-head: one)
         fa2 = c.decode_split_rule == "fa2"  # FlashAttention-2: its own split rule, one CTA per item
@@ -339,7 +343,7 @@ class OpModel:
         list-scheduling bound: the last-dispatched long tile starts when the rest has drained, W/S + u_max - mean
         (within 3 % mean / 22 % worst of a simulated greedy dispatch over 108-148 SMs). A longest-first scheduler
         ("lpt") has no such tail; the grid-order bound scored better on all three calibration tables."""
-        sms = self.gpu.sms
+        sms = self._sms
         if n <= 0 or work <= 0:
             return 1.0
         mean = work / n
@@ -362,13 +366,22 @@ class OpModel:
         latency-bound, and how many CTAs are in flight is set by how many the SMs hold (``GpuSpec.sm_limits``:
         2048 resident threads on an A100 hold 16 CTAs of one KV head's 128 threads but only 4 of 4 KV heads'
         512). So the time is the larger of streaming the bytes and the waves of CTAs after the first (the
-        launch and first wave are in t_attn_over) at t_cache_cta each."""
-        t = self.elementwise(4.0 * self.attn_elt * kv_heads * head_dim * tokens).t_memory
+        launch and first wave are in t_attn_over) at t_cache_cta each. Cached per shape: a serving engine writes
+        the same token counts step after step (its decode batch sizes, its chunk budget)."""
+        key = (kv_heads, head_dim, tokens)
+        hit = self._write_cache.get(key)
+        if hit is not None:
+            return hit
+        nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
+        t = nbytes / (self.bw * self._eta_mem(nbytes))  # elementwise(nbytes)'s stream, without its OpTime
         if self.c.t_cache_cta > 0:  # (no tokens: zero waves, the stream's 0 stands)
-            max_threads, max_ctas = self.gpu.sm_limits
+            max_threads, max_ctas = self._sm_limits
             resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit
-            waves = -(-tokens // (self.gpu.sms * resident))
+            waves = -(-tokens // (self._sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
+        if len(self._write_cache) > 65536:
+            self._write_cache.clear()
+        self._write_cache[key] = t
         return t
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:

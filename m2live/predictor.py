@@ -61,7 +61,7 @@ ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
 LIGHT_KERNELS_PER_LAYER = 5  # 2 fused add+RMSNorm, RoPE, SiLU*mul, residual add
 
 
-@dataclass
+@dataclass(slots=True)
 class Prediction:
     total_s: float
     ops: dict[str, float]  # op -> seconds in this step (all layers)
@@ -105,6 +105,7 @@ class Predictor:
         self._gemm_nk = m.gemms()
         self._gemm_list = [(name, n, k) for name, (n, k) in self._gemm_nk.items()]
         self._lm_nk = m.lm_head
+        self._attn_dims = (m.heads_per_gpu, m.kv_heads_per_gpu, m.head_dim)  # (query heads, KV heads, head_dim)
         d = m.dtype_bytes
         h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
         # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
@@ -228,16 +229,15 @@ class Predictor:
 
     def t_attention(self, step: Step, f: float, layers: int, rec: _Recorder) -> None:
         """Prefill attention (causal chunks over their cached context) and decode attention (KV-cache reads)."""
-        m, o = self.model, self.ops
+        o = self.ops
+        heads, kv_heads, head_dim = self._attn_dims
         pre, dec = step.prefill_seqs, step.decode_contexts
         if pre:
-            rec.op("attn_prefill", o.prefill_attention(pre, m.heads_per_gpu, m.kv_heads_per_gpu, m.head_dim, f),
-                   layers)
+            rec.op("attn_prefill", o.prefill_attention(pre, heads, kv_heads, head_dim, f), layers)
         else:
             rec.ops["attn_prefill"] = 0.0
         if dec:
-            rec.op("attn_decode", o.decode_attention(sum(dec), len(dec), m.heads_per_gpu, m.kv_heads_per_gpu,
-                                                     m.head_dim, f), layers)
+            rec.op("attn_decode", o.decode_attention(sum(dec), len(dec), heads, kv_heads, head_dim, f), layers)
         else:
             rec.ops["attn_decode"] = 0.0
 
