@@ -24,6 +24,7 @@ from m2live.probe import (
     clock_stats,
     gemm_order,
     gemm_predictions,
+    kernels,
     make_plan,
     mape,
     reason_names,
@@ -105,6 +106,46 @@ def test_dry_run_steps_are_predicted_for_the_same_layers(dry_run):
         assert c["pred"]["live"]["ops_s"]["qkv"] > 0
     assert set(doc["mape"]["steps"]["eager"]) == {"live", "forecast", "boost"}
     assert len(doc["clock_trace"]["t_s"]) == len(doc["clock_trace"]["sm_mhz"]) > 10
+
+
+def test_dry_run_profiles_every_step_per_operator(dry_run):
+    """Each step's operators are timed inside the step (profiler ranges named as the predictor's ops) and set
+    against the prediction's per-op times; the summary is the MAPE of those pairs."""
+    _, out = dry_run
+    doc = json.loads((out / "probe.json").read_text())
+    plan = make_plan(dry_run=True)
+    recs = doc["steps"]["kernels"]
+    assert sorted(r["name"] for r in recs) == sorted(s.name for s in plan.steps)
+    known = set(kernels.GEMM_OPS) | set(kernels.ATTN_OPS) | {"light"}
+    for r, sp in ((r, next(s for s in plan.steps if s.name == r["name"])) for r in recs):
+        assert r["reps"] == plan.step_profile_reps and r["timing"] == "cpu ranges"
+        ops = set(r["measured_s"])
+        assert ops <= known and {"qkv", "o", "gate_up", "down", "lm_head", "light"} <= ops
+        assert ("attn_prefill" in ops) == bool(sp.prefills) and ("attn_decode" in ops) == bool(sp.decode_batch)
+        assert all(t > 0 for t in r["measured_s"].values())
+        assert r["sum_s"] == pytest.approx(sum(r["measured_s"].values()))
+        for op, e in r["err"].items():
+            assert e == pytest.approx((r["pred_s"][op] - r["measured_s"][op]) / r["measured_s"][op])
+        assert r["groups"]["gemm"]["measured_s"] == pytest.approx(sum(r["measured_s"][op] for op in kernels.GEMM_OPS))
+    summary = doc["steps"]["kernel_mape"]
+    assert summary["steps"] == len(recs)
+    assert summary["mape_by_op"]["qkv"] == pytest.approx(mape((r["pred_s"]["qkv"], r["measured_s"]["qkv"]) for r in recs))
+    assert sum(summary["measured_share"].values()) == pytest.approx(1.0)
+
+
+class _Ev:
+    def __init__(self, name: str, start: float, end: float, cpu_us: float, device: str = "DeviceType.CPU"):
+        self.name, self.device_type, self.cpu_time_total = name, device, cpu_us
+        self.time_range = type("R", (), {"start": start, "end": end})()
+
+
+def test_per_rep_times_assigns_ranges_to_their_repetition_and_skips_device_copies():
+    evs = [_Ev("m2live::step", 0, 100, 100), _Ev("m2live::qkv", 1, 10, 9), _Ev("m2live::qkv", 20, 30, 10),
+           _Ev("m2live::light", 40, 45, 5), _Ev("m2live::step", 200, 300, 100), _Ev("m2live::qkv", 201, 220, 19),
+           _Ev("m2live::qkv", 201, 220, 500, device="DeviceType.CUDA"), _Ev("aten::mm", 202, 210, 8),
+           _Ev("m2live::light", 150, 160, 7)]  # between the repetitions: never counted
+    reps = kernels.per_rep_times(evs, cuda=False)
+    assert reps == [pytest.approx({"qkv": 19e-6, "light": 5e-6}), pytest.approx({"qkv": 19e-6})]
 
 
 def test_dry_run_time_limit_leaves_valid_partial_output(tmp_path):

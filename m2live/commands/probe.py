@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"GEMM MAPE: {fmt(gm)}")
     for mode, m in sm.items():
         console.print(f"step MAPE ({mode}): {fmt(m)}")
+    km = doc.get("steps", {}).get("kernel_mape")
+    if km:
+        console.print("per operator inside the steps (MAPE; share of the measured time): " + "  ".join(
+            f"{g} {v:.1f}% ({100 * km['measured_share'][g]:.0f}%)" for g, v in km["mape_by_group"].items()
+            if v is not None and km["measured_share"].get(g) is not None))
     cf = doc["mape"].get("clock_forecast", {})
     if cf.get("gemm") is not None:
         console.print(f"clock forecast vs measured clock, MAPE: GEMMs {cf['gemm']:.1f}%"

@@ -23,7 +23,8 @@ the GPU's calibration plan instead and fits its calibration.
 One concern per module: ``plan`` (what to measure), ``score`` (predictions, clock statistics, MAPE summaries),
 ``device`` (timing: CUDA events and graphs, or perf_counter), ``decoder`` (the torch Llama decoder), ``env``
 (torch, the GPU, the clock sampler), ``output`` (the output directory, probe.json), ``gemms`` and ``steps``
-(the two phases), ``run`` (the orchestration), ``plot`` (probe.png), ``calibrate`` (``--calibrate``).
+(the two phases), ``kernels`` (each step's per-operator device times under torch.profiler), ``run`` (the
+orchestration), ``plot`` (probe.png), ``calibrate`` (``--calibrate``).
 
 torch, pynvml and matplotlib are imported inside functions: importing this package costs nothing.
 """

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..shapes import ModelShape
 from .device import _Device
+from .kernels import Scope, no_scopes
 from .plan import StepSpec
 
 
@@ -92,9 +93,22 @@ class TorchDecoder:
         }
 
     # ---- forward ---------------------------------------------------------------------------------------
-    def _attention(self, q: Any, k: Any, v: Any, lay: dict, spec: StepSpec) -> Any:
+    def _attention(self, q: Any, k: Any, v: Any, lay: dict, spec: StepSpec, scope: Scope = no_scopes) -> Any:
+        outs = []
+        if spec.prefills:
+            with scope("attn_prefill"):
+                outs = self._prefill_attention(q, k, v, lay, spec)
+        if spec.decode_batch:
+            with scope("attn_decode"):
+                outs.append(self._decode_attention(q, k, v, lay, spec))
+        if len(outs) == 1:
+            return outs[0]
+        with scope("light"):  # the mixed step's outputs joined (a copy vLLM's attention writes in place)
+            return self.torch.cat(outs, dim=0)
+
+    def _prefill_attention(self, q: Any, k: Any, v: Any, lay: dict, spec: StepSpec) -> list[Any]:
         F, torch = self.F, self.torch
-        hq, kvh, d, G = self.hq, self.kv, self.d, self.group
+        hq, d, G = self.hq, self.d, self.group
         outs = []
         off = 0
         for (n, c), (kc, vc) in zip(spec.prefills, lay["pre"], strict=True):
@@ -113,30 +127,51 @@ class TorchDecoder:
                 o = F.scaled_dot_product_attention(qj, kx, vx, attn_mask=mask)
             outs.append(o[0].transpose(0, 1).reshape(n, hq * d))
             off += n
-        b, ctx = spec.decode_batch, spec.decode_ctx
-        if b:
-            kd, vd = lay["dec"]
-            kd[:, :, ctx].copy_(k[off:off + b])  # KV-cache write of the new token
-            vd[:, :, ctx].copy_(v[off:off + b])
-            # GQA for one query token: the G query heads of a KV head act as G query rows against its cache
-            qd = q[off:off + b].reshape(b, kvh, G, d)
-            o = F.scaled_dot_product_attention(qd, kd, vd)
-            outs.append(o.reshape(b, hq * d))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        return outs
 
-    def forward(self, inp: dict) -> Any:
+    def _decode_attention(self, q: Any, k: Any, v: Any, lay: dict, spec: StepSpec) -> Any:
+        b, ctx = spec.decode_batch, spec.decode_ctx
+        off = sum(n for n, _ in spec.prefills)  # the decode tokens follow the prefill chunks
+        kd, vd = lay["dec"]
+        kd[:, :, ctx].copy_(k[off:off + b])  # KV-cache write of the new token
+        vd[:, :, ctx].copy_(v[off:off + b])
+        # GQA for one query token: the G query heads of a KV head act as G query rows against its cache
+        qd = q[off:off + b].reshape(b, self.kv, self.group, self.d)
+        o = self.F.scaled_dot_product_attention(qd, kd, vd)
+        return o.reshape(b, self.hq * self.d)
+
+    def forward(self, inp: dict, scope: Scope = no_scopes) -> Any:
+        """One step. ``scope(name)`` wraps each operator (named as ``Predictor``'s ops: qkv, o, gate_up, down,
+        lm_head, attn_prefill, attn_decode, light) for the profiler (``kernels.scopes``); none by default."""
         F = self.F
         spec: StepSpec = inp["spec"]
         T, hq, kvh, d = inp["T"], self.hq, self.kv, self.d
-        x = F.embedding(inp["ids"], self.emb)
+        with scope("light"):
+            x = F.embedding(inp["ids"], self.emb)
         for w, lay in zip(self.w, inp["layers"], strict=True):
-            h = self.rms(x, w["ln1"])
-            qkv = F.linear(h, w["qkv"])
-            q = self.rope(qkv[:, : hq * d].view(T, hq, d), inp["cos"], inp["sin"])
-            k = self.rope(qkv[:, hq * d:(hq + kvh) * d].view(T, kvh, d), inp["cos"], inp["sin"])
-            v = qkv[:, (hq + kvh) * d:].view(T, kvh, d)
-            x = x + F.linear(self._attention(q, k, v, lay, spec), w["o"])
-            gate, up = F.linear(self.rms(x, w["ln2"]), w["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["down"])
-        xs = self.rms(x.index_select(0, inp["sample"]), self.norm)
-        return F.linear(xs, self.lm)
+            with scope("light"):
+                h = self.rms(x, w["ln1"])
+            with scope("qkv"):
+                qkv = F.linear(h, w["qkv"])
+            with scope("light"):
+                q = self.rope(qkv[:, : hq * d].view(T, hq, d), inp["cos"], inp["sin"])
+                k = self.rope(qkv[:, hq * d:(hq + kvh) * d].view(T, kvh, d), inp["cos"], inp["sin"])
+                v = qkv[:, (hq + kvh) * d:].view(T, kvh, d)
+            a = self._attention(q, k, v, lay, spec, scope)
+            with scope("o"):
+                y = F.linear(a, w["o"])
+            with scope("light"):
+                x = x + y
+                h = self.rms(x, w["ln2"])
+            with scope("gate_up"):
+                gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
+            with scope("light"):
+                h = F.silu(gate) * up
+            with scope("down"):
+                y = F.linear(h, w["down"])
+            with scope("light"):
+                x = x + y
+        with scope("light"):
+            xs = self.rms(x.index_select(0, inp["sample"]), self.norm)
+        with scope("lm_head"):
+            return F.linear(xs, self.lm)

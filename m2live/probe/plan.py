@@ -90,6 +90,7 @@ class ProbePlan:
     step_min_reps: int
     step_cooldown_s: float
     sampler_period_s: float
+    step_profile_reps: int  # eager forwards per step profiled per operator (kernels.py); 0: not profiled
     time_limit_s: float | None
     seed: int = 0
     l2_ring_factor: float = 4.0  # weight copies per op span at least this many L2 sizes
@@ -109,8 +110,9 @@ class ProbePlan:
 
     @property
     def step_s(self) -> float:
-        """Estimated wall-clock of one engine step (all its modes)."""
-        return self.step_cooldown_s + len(self.step_modes) * (self.step_overhead_s + self.step_min_s)
+        """Estimated wall-clock of one engine step (all its modes, and its per-operator profile)."""
+        profile = self.step_overhead_s if self.step_profile_reps else 0.0
+        return self.step_cooldown_s + len(self.step_modes) * (self.step_overhead_s + self.step_min_s) + profile
 
     def estimate_s(self) -> float:
         """Wall-clock estimate of the measuring (start-up excluded), from the plan's own timings."""
@@ -125,7 +127,7 @@ def make_plan(quick: bool = False, dry_run: bool = False, seed: int = 0,
             mode="dry-run", model=DRY_MODEL, ms=M_DRY, repeats=1, warmup_s=0.005, sustain_s=0.03,
             cooldown_s=0.0, target_rep_s=0.002, max_calls=8, step_layers=DRY_MODEL.layers, steps=STEPS_DRY,
             step_modes=("eager",), step_min_s=0.02, step_min_reps=3, step_cooldown_s=0.0,
-            sampler_period_s=0.005, time_limit_s=time_limit_s, seed=seed, cell_overhead_s=0.02,
+            sampler_period_s=0.005, step_profile_reps=3, time_limit_s=time_limit_s, seed=seed, cell_overhead_s=0.02,
             step_overhead_s=0.05,
         )
     model = get_model(LLAMA_8B)
@@ -133,14 +135,14 @@ def make_plan(quick: bool = False, dry_run: bool = False, seed: int = 0,
         return ProbePlan(
             mode="quick", model=model, ms=M_QUICK, repeats=1, warmup_s=0.1, sustain_s=1.5, cooldown_s=0.5,
             target_rep_s=0.005, max_calls=512, step_layers=8, steps=STEPS_GPU, step_modes=("graph", "eager"),
-            step_min_s=0.4, step_min_reps=5, step_cooldown_s=0.3, sampler_period_s=0.02,
+            step_min_s=0.4, step_min_reps=5, step_cooldown_s=0.3, sampler_period_s=0.02, step_profile_reps=5,
             time_limit_s=330.0 if time_limit_s is None else time_limit_s, seed=seed,
         )
     return ProbePlan(
         mode="full", model=model, ms=M_FULL, repeats=2, warmup_s=0.2, sustain_s=2.0, cooldown_s=1.5,
         target_rep_s=0.005, max_calls=512, step_layers=model.layers, steps=STEPS_GPU,
         step_modes=("graph", "eager"), step_min_s=1.0, step_min_reps=5, step_cooldown_s=0.5,
-        sampler_period_s=0.02, time_limit_s=time_limit_s, seed=seed,
+        sampler_period_s=0.02, step_profile_reps=5, time_limit_s=time_limit_s, seed=seed,
     )
 
 
