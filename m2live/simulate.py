@@ -84,7 +84,15 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"{spec.name} has no GPU interconnect for TP={tp}")
     d_tok, d_seqs = vllm_batch_defaults(spec, tp)
     max_tokens = cfg.max_num_batched_tokens or d_tok
-    max_seqs = cfg.max_num_seqs or d_seqs
+    # vLLM (EngineArgs._set_default_args, SchedulerConfig): a defaulted max_num_seqs is lowered to the token
+    # budget; one given with a smaller budget stops the server at start-up
+    if cfg.max_num_seqs:
+        max_seqs = cfg.max_num_seqs
+        if max_tokens < max_seqs:
+            raise SimulationError(f"max_num_batched_tokens ({max_tokens}) must be at least max_num_seqs "
+                                  f"({max_seqs}): vLLM refuses to start with a smaller token budget")
+    else:
+        max_seqs = min(d_seqs, max_tokens)
     graphs = cuda_graph_capture_max(spec, max_seqs, max_tokens)
     async_sched = cfg.async_scheduling if cfg.async_scheduling is not None else spec.arch != "cpu"
     pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs)

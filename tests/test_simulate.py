@@ -235,6 +235,15 @@ def test_api_server_defaults_per_device():
     assert vllm_batch_defaults(get_gpu("NVIDIA L40S")) == (2048, 256)
 
 
+def test_token_budget_below_max_num_seqs_as_vllm_handles_it():
+    """vLLM lowers a defaulted max_num_seqs to a smaller token budget (EngineArgs._set_default_args) and refuses
+    a given one above the budget (SchedulerConfig): the simulator does both."""
+    r = simulate(L8, "h100-sxm", 1, 64, 8, ServingConfig(concurrency=4, num_prompts=8, max_num_batched_tokens=64))
+    assert r.assumptions["max_num_seqs"] == 64 and r.assumptions["max_num_batched_tokens"] == 64
+    with pytest.raises(SimulationError, match=r"max_num_batched_tokens \(64\) must be at least max_num_seqs \(128\)"):
+        simulate(L8, "h100-sxm", 1, 64, 8, ServingConfig(concurrency=4, max_num_batched_tokens=64, max_num_seqs=128))
+
+
 def test_tpot_grows_with_concurrency_and_with_context():
     def tpot(c: int, isl: int) -> float:
         return simulate(L8, "h100-sxm", 1, isl, 256, ServingConfig(concurrency=c, num_prompts=3 * c)).tpot_ms
@@ -346,6 +355,8 @@ def test_batch_checks_every_row_before_simulating_any(tmp_path, capsys, monkeypa
     (["--batch", "/nonexistent.csv"], "nonexistent"),
     (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "8", "--concurrency", "9" * 24], "at most"),
     (["--model", L8, "--gpu", "h100-sxm", "--isl", "9" * 24, "--osl", "8", "--concurrency", "2"], "at most"),
+    (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "8", "--concurrency", "2",
+      "--max-num-batched-tokens", "16", "--max-num-seqs", "32"], "must be at least max_num_seqs"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     rc = main(["simulate", *argv])

@@ -129,7 +129,8 @@ def _simulate_at(lm: LayoutModel, prompts, outputs, concurrency: int):
 
     cfg = lm.cfg
     scfg = ServingConfig(concurrency=concurrency, num_prompts=max(8, SERVING_PROMPTS_PER_SLOT * concurrency),
-                         max_num_batched_tokens=cfg.max_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_batched_tokens,
+                         max_num_seqs=min(cfg.max_num_seqs, cfg.max_batched_tokens),  # as vLLM lowers it
                          kv_tokens=max(1, lm.mem.kv_tokens), clock=cfg.clock,
                          test_run_cached=False)  # a server under its workload: no benchmark test run
     return simulate(lm.pred.model, lm.gpu, lm.tp, prompts, outputs, scfg, precision=cfg.precision,
