@@ -356,3 +356,26 @@ def test_torch_decoder_attention_matches_reference():
 
 def test_probe_error_is_a_value_error():
     assert issubclass(ProbeError, ValueError)
+
+
+def test_profiler_ranges_leave_the_forward_unchanged():
+    """The per-operator ranges only name what runs: the forward computes the same logits with and without them,
+    and every operator of a mixed step opens its range."""
+    torch = pytest.importorskip("torch")
+    from m2live.probe import TorchDecoder, _Device
+
+    dev = _Device(torch, cuda=False)
+    dev.dtype = torch.float32
+    model = TorchDecoder(dev, make_plan(dry_run=True).model, layers=2, max_pos=64, seed=3)
+    inp = model.inputs(StepSpec("mix", ((5, 0), (3, 6)), 2, 7), seed=4)
+    opened: list[str] = []
+    ranges = kernels.scopes(torch)
+
+    def scope(name: str):
+        opened.append(name)
+        return ranges(name)
+
+    plain = model.forward(inp)
+    assert torch.equal(model.forward(inp, scope), plain)
+    assert set(opened) == {*kernels.GEMM_OPS, *kernels.ATTN_OPS, "light"}
+    assert opened.count("qkv") == opened.count("attn_decode") == 2 and opened.count("lm_head") == 1
