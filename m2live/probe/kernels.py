@@ -94,6 +94,8 @@ def profile_forward(dev: Any, forward: Callable[[Callable[[str], Any]], Any], re
     per_rep = per_rep_times(prof.events(), dev.cuda)
     ops = sorted({op for r in per_rep for op in r})
     measured = {op: statistics.median(r.get(op, 0.0) for r in per_rep) for op in ops}
+    if not per_rep or sum(measured.values()) <= 0:  # e.g. a profiler build that links no kernels to CPU ranges
+        raise RuntimeError(f"the profiler attributed no time to the operator ranges ({len(per_rep)} repetitions)")
     return {"reps": len(per_rep), "timing": "cuda kernels" if dev.cuda else "cpu ranges",
             "measured_s": measured, "sum_s": sum(measured.values())}
 
