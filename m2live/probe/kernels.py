@@ -28,8 +28,8 @@ ATTN_OPS = ("attn_prefill", "attn_decode")
 GROUPS = {"gemm": GEMM_OPS, "attention": ATTN_OPS, "light": ("light",)}
 NOTE = ("per-operator device time inside the step: the torch decoder's forward under torch.profiler, every "
         "operator in a named range, the kernels each range launched summed per repetition (median over the "
-        "repetitions), eager launches; predicted at the clock of the step's graph-mode cell (the forecast "
-        "where none was measured). The torch decoder's 'light' is its unfused norms, RoPE, SiLU*mul, residual "
+        "repetitions), eager launches; predicted at the clock of the step's graph-mode cell (its eager cell's "
+        "without one; the forecast where no clock was read). The torch decoder's 'light' is its unfused norms, RoPE, SiLU*mul, residual "
         "adds, embedding and sampled-row gather (more kernels and bytes than vLLM's fused ones); its attention "
         "ranges hold the KV-cache copies and SDPA (prefill repeats the KV heads).")
 

@@ -140,10 +140,11 @@ def _profile_step(env: _Env, plan: ProbePlan, model: TorchDecoder, inp: dict, pr
         records.append({"name": sp.name, "error": one_line(e)})
         say(f"{sp.name}: per-operator profile failed: {one_line(e)}")
         return
-    cell = next((c for c in reversed(sec["cells"]) if c["name"] == sp.name and c.get("clock_mhz")), None)
+    mine = [c for c in sec["cells"] if c["name"] == sp.name and c.get("clock_mhz")]
+    cell = next((c for c in mine if c["mode"] == "graph"), mine[-1] if mine else None)  # graph first: the body
     clock = cell["clock_mhz"] if cell else None
     p = pred.predict(step, clock_mhz=clock) if clock else pred.predict(step)
-    records.append({"name": sp.name, "kind": sp.kind, "clock_mhz": clock,
+    records.append({"name": sp.name, "kind": sp.kind, "clock_mhz": clock, "clock_of": cell["mode"] if cell else None,
                     "clock_source": p.clock_source, **prof, **kernels.compare(prof["measured_s"], p.ops)})
     sec["kernel_mape"] = kernels.summarise(records)
     sec["kernel_note"] = kernels.NOTE
