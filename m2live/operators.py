@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .efficiency import (
     GEMM_BENCH_WINDOW,
@@ -56,6 +57,17 @@ def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
     if t_fixed > t_compute and t_fixed > t_memory:
         return "latency"
     return "compute" if t_compute >= t_memory else "memory"
+
+
+CACHE_ENTRIES = 65536  # a per-shape cache is emptied when it holds more (a long run's shapes never pile up)
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> Any:
+    """Store ``value`` under ``key`` in a per-shape cache (emptied first when full) and return it."""
+    if len(cache) > CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
@@ -115,10 +127,7 @@ class OpModel:
         eta_mem = self._eta_mem(nbytes)
         fixed = self.c.t_kernel + (self._split_reduce(m, n, e.split_k) if e.split_k > 1 else 0.0)
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
-        if len(self._gemm_cache) > 65536:
-            self._gemm_cache.clear()
-        self._gemm_cache[key] = out
-        return out
+        return _remember(self._gemm_cache, key, out)
 
     def gemm_pick(self, m: int, n: int, k: int) -> GemmEfficiency:
         """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
@@ -202,7 +211,7 @@ class OpModel:
         ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, plus one combine.
         """
         c = self.c
-        if seqs and seqs[0][0] == 1 and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
+        if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
             return self.decode_attention(sum(ctx for _, ctx in seqs), len(seqs), heads, kv_heads, head_dim, f_clk)
         pairs = 0.0
         q_tokens = 0
@@ -372,17 +381,13 @@ class OpModel:
         hit = self._write_cache.get(key)
         if hit is not None:
             return hit
-        nbytes = 4.0 * self.attn_elt * kv_heads * head_dim * tokens
-        t = nbytes / (self.bw * self._eta_mem(nbytes))  # elementwise(nbytes)'s stream, without its OpTime
+        t = self.elementwise(4.0 * self.attn_elt * kv_heads * head_dim * tokens).t_memory
         if self.c.t_cache_cta > 0:  # (no tokens: zero waves, the stream's 0 stands)
             max_threads, max_ctas = self._sm_limits
             resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit
             waves = -(-tokens // (self._sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
-        if len(self._write_cache) > 65536:
-            self._write_cache.clear()
-        self._write_cache[key] = t
-        return t
+        return _remember(self._write_cache, key, t)
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""

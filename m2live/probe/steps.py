@@ -122,7 +122,7 @@ def _run_step(env: _Env, plan: ProbePlan, model: TorchDecoder, preds: dict[str, 
         say(f"step {sp.name:34s} [{mode:5s}] {cell['time_s'] * 1e3:9.3f} ms  clock "
             f"{cell.get('clock_mhz') or 0:6.0f} MHz  {error_line(cell['err'])}")
     if plan.step_profile_reps > 0:
-        _profile_step(env, plan, model, inp, preds["graph" if "graph" in preds else "eager"], sp, step, writer, say)
+        _profile_step(env, plan, model, inp, preds["graph"], sp, step, writer, say)  # per-op times: either host
     del inp
     env.dev.empty_cache()
 
