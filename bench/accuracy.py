@@ -4,7 +4,8 @@ Per calibration GPU × operator kind (opbench tables): MAPE with the constants f
 with the constants fitted on the *other* GPU (leave-one-GPU-out: the held-out GPU is predicted from its
 datasheet alone), and the constant-efficiency roofline baseline max(FLOPs/(0.75·P_datasheet),
 bytes/(0.75·BW)). Plus an independent validation on Vidur's Llama projection profiles (A100, H100, A40),
-which were never used for fitting, and on the public "maximum achievable matmul FLOPS" table (accuracy_mamf.py).
+which were never used for fitting, on the public "maximum achievable matmul FLOPS" table (accuracy_mamf.py) and
+on a public table of square bf16 torch.mm figures (accuracy_square.py; H200, B200, L40S, RTX PRO 6000 among them).
 
     .venv/bin/python bench/accuracy.py --out results/accuracy.json
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accuracy_fp8 import score_fp8  # noqa: E402  (the "fp8" section: opbench_fp8 GEMMs)
 from accuracy_mamf import score_mamf  # noqa: E402  (public matmul ceilings: validation only)
+from accuracy_square import score_square  # noqa: E402  (public square torch.mm figures: validation only)
 
 from m2live.efficiency import ARCH, FITTED_GROUPS, ArchConstants, in_use, transfer  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
@@ -185,6 +187,7 @@ def main() -> int:
         "loo_matrix": loo_matrix,
         "vidur_validation": score_vidur(),
         "mamf_validation": score_mamf(),
+        "square_validation": score_square(),
         "gemm_loo_attribution": loo_attribution(),
         "fp8": score_fp8(),
     }
@@ -209,6 +212,9 @@ def main() -> int:
     for r in res["mamf_validation"]["rows"]:
         print(f"MAMF {r['gpu']:26s} {r['dtype']:4s} measured {r['measured_tflops']:7.1f} TF  predicted "
               f"{r['predicted_tflops']:7.1f} TF ({r['error_pct']:+.1f} %) at {r['burst_sm_mhz']} MHz")
+    for r in res["square_validation"]["rows"]:
+        print(f"square {r['gpu'][:44]:44s} n={str(r['n'])[:7]:7s} measured {r['measured_tflops']:7.1f} TF  "
+              f"predicted {r['predicted_tflops']:7.1f} TF ({r['error_pct']:+.1f} %) at {r['burst_sm_mhz']} MHz")
     for gpu, v in res["gemm_loo_attribution"].items():
         print(f"GEMM LOO {gpu}: {v['loo']:.2f}% (in-sample {v['in_sample']:.2f}%); with its own "
               + ", ".join(f"{n} {x:.2f}%" for n, x in v["loo_with_own"].items()))

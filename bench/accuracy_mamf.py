@@ -38,13 +38,15 @@ MAMF_ROWS: tuple[tuple[str, str, int, int, int, float, str], ...] = (
 )
 
 
-def mamf_prediction(gpu: str, dtype: str, m: int, n: int, k: int) -> dict:
-    """m2live's TFLOP/s for one MAMF measurement: the GEMM (fp8: the scaled-mm alone, no input quantisation)
-    at the power model's mean clock over the timed calls of the burst (MAMF_WINDOW), weights from DRAM."""
+def mamf_prediction(gpu: str, dtype: str, m: int, n: int, k: int,
+                    window: tuple[int, int] = MAMF_WINDOW) -> dict:
+    """m2live's TFLOP/s for one back-to-back matmul measurement from an idle board (a MAMF one by default): the
+    GEMM (fp8: the scaled-mm alone, no input quantisation) at the power model's mean clock over the timed calls
+    of the burst (``window``: calls before the timed ones, calls at their end), weights from DRAM."""
     om = OpModel(gpu, dtype)
     flops = 2.0 * m * n * k
     t_boost = om.gemm(m, n, k, 1.0, quantize=False).t
-    f = om.burst_clock(flops, t_boost, MAMF_WINDOW)
+    f = om.burst_clock(flops, t_boost, window)
     op = om.gemm(m, n, k, f, quantize=False)
     return {"tflops": flops / op.t / 1e12, "f_clk": f, "sm_mhz": f * om.gpu.boost_mhz, "bound": op.bound,
             "fitted_on": om.c.fitted_on, "borrowed_from": om.c.borrowed_from}
