@@ -13,8 +13,11 @@ from m2live.efficiency import (
     ARCH,
     BURST_HEADROOM,
     LIMITER_ENGAGE_S,
+    V_FLOOR,
+    clock_for_power,
     clock_ratio,
     constants_for,
+    dyn_power,
     forecast_clock_ratio,
     memory_ceiling,
 )
@@ -148,11 +151,40 @@ def test_a_longer_load_never_runs_a_higher_clock_and_ends_at_the_sustained_one()
     fs = [clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9, 0.0, d) for d in (1e-4, 1e-2, 0.1, 1, 10)]
     assert all(b <= a for a, b in zip(fs, fs[1:], strict=False))
     sustained = forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9)
-    # a burst starts at the clock the short-window headroom allows (power ~ f^3): the L40S cannot feed its peak
+    # a burst starts at the clock the short-window headroom allows (power ~ f V^2): the L40S cannot feed its peak
     # even so, and droops at once
-    assert fs[0] == pytest.approx(min(1.0, sustained * BURST_HEADROOM ** (1 / 3)), abs=0.01) and fs[0] < 0.9
+    assert fs[0] == pytest.approx(min(1.0, clock_for_power(BURST_HEADROOM * dyn_power(sustained))), abs=0.01)
+    assert fs[0] < 0.9
     assert fs[-1] == pytest.approx(sustained, abs=0.1)
     assert clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9) == sustained < 0.8
+
+
+def test_power_grows_with_clock_continuously_and_its_inverse_is_exact():
+    """f * V(f)^2 with a voltage floor: strictly increasing, continuous at the floor, f^3 above it, linear below."""
+    fs = [i / 200 for i in range(1, 201)]
+    ps = [dyn_power(f) for f in fs]
+    assert all(b > a for a, b in zip(ps, ps[1:], strict=False))
+    assert dyn_power(1.0) == 1.0 and dyn_power(0.9) == pytest.approx(0.9**3)
+    assert dyn_power(V_FLOOR / 2) == pytest.approx(dyn_power(V_FLOOR) / 2)
+    for f in fs:
+        assert clock_for_power(dyn_power(f)) == pytest.approx(f)
+    eps = 1e-9
+    assert dyn_power(V_FLOOR + eps) == pytest.approx(dyn_power(V_FLOOR - eps), abs=1e-7)
+
+
+def test_a_card_deep_in_its_droop_gains_more_clock_from_the_same_power_headroom():
+    """Below the voltage floor power falls only in proportion to the clock, so the L40S (sustained ~0.56 of
+    boost) starts a burst further above its sustained clock than the H100 (~0.67) does, which gets the plain
+    f^3 ratio 2^(1/3); neither exceeds boost."""
+    ratios = {}
+    for gpu in (H100, L40S):
+        g = get_gpu(gpu)
+        s = forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9)
+        start = clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9, 0.0, 1e-6)
+        assert s < start <= 1.0
+        ratios[gpu] = start / s
+    assert ratios[H100] == pytest.approx(BURST_HEADROOM ** (1 / 3), rel=1e-6)
+    assert ratios[L40S] > ratios[H100] + 0.02
 
 
 def test_a100_bursts_run_at_boost_and_its_sustained_clock_is_the_seeds():
@@ -175,7 +207,7 @@ def test_the_limiters_fast_loop_never_raises_the_clock_and_a_longer_burst_never_
     peak, fam = g.peak_flops(), g.kernel_family
     for act in (0.3, 0.7, 0.95):
         sustained = forecast_clock_ratio(g.tdp_w, peak, fam, act)
-        start = min(1.0, sustained * BURST_HEADROOM ** (1 / 3))
+        start = min(1.0, clock_for_power(BURST_HEADROOM * dyn_power(sustained)))
         durations = (1e-4, 5e-3, LIMITER_ENGAGE_S, 0.03, 0.1, 0.4, 1.0, 5.0, 60.0)
         fs = [clock_ratio(g.tdp_w, peak, fam, act, 0.0, d, headroom) for d in durations]
         assert all(b <= a + 1e-12 for a, b in zip(fs, fs[1:], strict=False)), (act, fs)
@@ -202,7 +234,8 @@ def test_the_fast_loop_holds_its_headroom_after_it_engages():
     for h in (1.0, 1.3):
         mean = (b * clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, b, h)
                 - a * clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, a, h)) / (b - a)
-        assert mean == pytest.approx(min(sustained * BURST_HEADROOM ** (1 / 3), sustained * h ** (1 / 3)), rel=0.01)
+        assert mean == pytest.approx(min(clock_for_power(BURST_HEADROOM * dyn_power(sustained)),
+                                         clock_for_power(h * dyn_power(sustained))), rel=0.01)
     for dur in (1e-3, 0.05, 0.3, 3.0):
         assert clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, dur, BURST_HEADROOM) == clock_ratio(
             g.tdp_w, peak, fam, 0.95, 0.0, dur)
