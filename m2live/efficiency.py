@@ -585,7 +585,7 @@ MEM_POWER_FRACTION = 0.15  # assumption: DRAM + IO power at full streaming, shar
 # The DVFS curve's voltage floor, as a share of the boost voltage: below the clock where V reaches it the voltage
 # stays put, so power falls only in proportion to f there (f * V_FLOOR^2, not f^3), and a card that sits deep in
 # its droop gains more clock from a given power headroom than the f^3 law allows. Public figure: GPU core voltage
-# runs from ~650 mV at the bottom of the curve to ~900-1050 mV at boost (0.62-0.72); 0.60 is the low end, and
+# runs from ~650 mV at the bottom of the curve to ~900-1050 mV at boost (0.62-0.72); 0.60 is just under its low end, and
 # the largest value that leaves every calibration GPU's fit as it is (the B300's fitted sustained ratio,
 # BLACKWELL_SUSTAINED, is 0.60; the A100's and H100's anchors sit at 0.80 / 0.70). What it moves is a card whose
 # sustained clock is deep below boost: the L40S (sustained 0.565 of boost: its burst start 0.712 -> 0.741 of
