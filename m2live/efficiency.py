@@ -171,7 +171,7 @@ class ArchConstants:
 # [1024, 16384], every M; prefill and decode attention with head_dim 128), every row predicted as `m2live validate`
 # does it: the burst clock of the power model (TAU_CLOCK, BLACKWELL_SUSTAINED) and L2 re-reads of the loop.
 # results/constants.json holds the fit and its leave-one-architecture-out check. Reading:
-# - eta_tc 1.00 (A100), 0.98 (H100), 1.00 (B300) of the dense peak at the NVML max clock, with the burst clock
+# - eta_tc 1.00 (A100), 0.96 (H100), 1.00 (B300) of the dense peak at the NVML max clock, with the burst clock
 #   in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
 # - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.92 (HBM3e, B300): the streaming ceiling of each memory
@@ -277,18 +277,19 @@ ARCH: dict[str, ArchConstants] = {
         memory="HBM2e", fitted_on="opbench a100_sxm (NVIDIA A100-SXM4-80GB), bench/fit_constants.py",
     ),
     "hopper": ArchConstants(
-        eta_tc=0.9983, i_crit=18.5021, k0=282.347, t_kernel=3.22564e-06, eta_mem=0.907861, overlap=3.16317,
-        t_ramp=0.0, k_split=1792, t_fixup=1.41633e-06,
-        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the H100 holds 1.47 x TDP (fitted on opbench
-        # h100_sxm GEMMs with the compute side, eta_mem and the ramp kept: H100 GEMM 5.58 -> 5.41 %)
-        limiter_headroom=1.4681,
+        eta_tc=0.962938, i_crit=20.6673, k0=286.804, t_kernel=3.14346e-06, eta_mem=0.907861, overlap=3.16317,
+        t_ramp=0.0, k_split=1792, t_fixup=1.42351e-06,
+        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the H100 holds 1.41 x TDP (fitted on opbench
+        # h100_sxm GEMMs with the compute side, eta_mem and the ramp kept: H100 GEMM 5.58 -> 5.41 %; refitted with
+        # the Hopper energy anchor at the current activity, ENERGY_PER_FLOP: 5.42 %)
+        limiter_headroom=1.4122,
         # cuBLAS's sm90 kernels reduce split-K in the GEMM kernel (split_reduce "serial"): on the H100 table at
         # M <= 16 the time steps up by ~1 us where the split starts (N <= 4096, K 3584 -> 4096), not by a kernel
         # launch (2.9 us) as on the A100, whose table shows no such step. Refitted with it (gemm group, --max-rows
         # 5000): H100 GEMM 6.15 -> 5.58 %
         split_reduce="serial",
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.758884, k0_attn=477.512, eta_attn_mem=0.9869,
-        item_cost=3.691e-06, block_cost=2.3885e-06, cta_bw=3.581e+13, t_split=2.207e-06, t_cache_cta=2.33146e-06,
+        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.738576, k0_attn=452.438, eta_attn_mem=0.9869,
+        item_cost=3.691e-06, block_cost=2.47406e-06, cta_bw=3.581e+13, t_split=2.207e-06, t_cache_cta=2.35213e-06,
         t_ramp_kv=1.291e-06,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
@@ -615,12 +616,19 @@ def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, a
 
 
 # Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost, at the tensor activity
-# m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: 0.90 on the A100,
-# 0.81 on the H100, 0.90 on the L40S with the constants below; tests/test_transfer_physics.py checks that the
-# forecast reproduces the three seed clocks).
+# m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: 0.91 on the A100,
+# 0.89 on the H100, 0.91 on the L40S with the constants below; tests/test_transfer_physics.py checks that the
+# forecast reproduces the three seed clocks). The H100's was 0.81 until 2026-12-05, the activity under constants
+# refitted since: the forecast had drifted to 1320 MHz and Hopper's tensor ceiling (0.998) absorbed the rest —
+# the opbench bursts pin only eta_tc x clock — so a live NVML clock priced a loaded Hopper GPU ~7 % fast. Re-anchored
+# at the current activity (and Hopper's GEMM and prefill ceilings refitted on the H100 bursts: eta_tc 0.963,
+# eta_attn 0.739): the H100's and H200's forecast 1380 MHz (an H200 read 1440-1470 MHz on NVML under that load,
+# results/probe/h200-20261204, validation only); on that probe's 28 sustained-load GEMMs, never fitted, the live
+# clock's MAPE 6.7 -> 4.6 % and the forecast's 4.7 -> 4.2 %; H100 GEMM in-sample 5.41 -> 5.42 %, prefill
+# 6.36 -> 6.38 %.
 ENERGY_PER_FLOP: dict[str, float] = {
     "ampere": _energy_from_anchor(400.0, 312e12, 1125 / 1410, 0.90),  # A100-SXM4-80GB
-    "hopper": _energy_from_anchor(700.0, 989.4e12 * 1980 / 1830, 1380 / 1980, 0.81),  # H100-SXM
+    "hopper": _energy_from_anchor(700.0, 989.4e12 * 1980 / 1830, 1380 / 1980, 0.8915),  # H100-SXM (see above)
     "ada": _energy_from_anchor(350.0, 362.05e12 * 2520 / 2490, 1425 / 2520, 0.90),  # L40S
     # B300 SXM6 AC (1100 W, 2.25 PF at 1856 MHz, 2032 MHz max): no sustained measurement exists, so its
     # sustained ratio under a full-activity GEMM is fitted on the B300 opbench bursts through the burst model
@@ -650,7 +658,7 @@ ENERGY_PER_FLOP["cpu"] = 0.0
 # headroom 1.5: 21.1 / 76.9, 2: 19.4 / 66.0, 3: 19.7 / 64.3; the old model (no headroom, tau 0.03 s) 20.1 /
 # 69.2. The A100's bursts are the evidence: its largest GEMMs run at 0.95 of its boost peak for 0.4 s (297 of
 # 312 TF), which no droop allows, while its sustained clock is 1125 MHz (the seed) — a headroom of at least
-# (1410/1125)^3 = 1.97. With it the tensor ceilings read alike (eta_tc 1.00 / 0.98 / 0.96) instead of absorbing
+# (1410/1125)^3 = 1.97. With it the tensor ceilings read alike (eta_tc 1.00 / 0.98 / 0.96 then; 1.00 / 0.96 / 1.00 now) instead of absorbing
 # each GPU's burst clock (1.00 / 0.88 / 0.77 before). tau: 0.3 s and 1 s fit the same (19.4 / 65.9 vs 66.0);
 # the one-second window is kept.
 BURST_HEADROOM = 2.0  # x TDP over a short burst, fitted jointly on opbench a100_sxm, h100_sxm, b300_sxm GEMMs

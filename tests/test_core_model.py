@@ -159,15 +159,15 @@ def test_clock_inputs_ratio_mhz_and_forecast(h100):
 
 
 def test_forecast_reproduces_its_anchor_and_predicts_h200_droop():
-    # H100-SXM anchor: the seed's M=16384 GEMM (tensor activity 0.81 in m2live) settles at 1380/1980 (n=5);
-    # the law must give that back
-    h = forecast_clock_ratio(700, 989.4e12 * 1980 / 1830, "hopper", 0.81)
+    # H100-SXM anchor: the seed's M=16384 GEMM (tensor activity 0.8915 in m2live, ENERGY_PER_FLOP) settles at
+    # 1380/1980 (n=5); the law must give that back
+    h = forecast_clock_ratio(700, 989.4e12 * 1980 / 1830, "hopper", 0.8915)
     assert h == pytest.approx(1380 / 1980, rel=0.01)
     # H200 (held out: same die and TDP) measured 1455/1980 = 0.735; a forecast within 8 % of it
     from m2live import get_gpu
 
     g = get_gpu("NVIDIA H200")
-    assert forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.arch, 0.81) == pytest.approx(1455 / 1980, rel=0.08)
+    assert forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.arch, 0.8915) == pytest.approx(1455 / 1980, rel=0.08)
 
 
 def test_tp_halves_gemm_time_and_adds_communication():
