@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,9 @@ def run_gpu(folder: Path, budgets: tuple[int, ...] = BUDGETS, priors: tuple[str,
     by_kind = {k: {cal.shape_key(k, r.cells): r for r in rows if r.kind == k} for k in cal.KINDS}
     own = constants_for(gpu)
     prior_consts = {"in_sample": own,
-                    "zero_shot": transfer(own, ARCH[ZERO_SHOT_FROM[gpu.kernel_family]])}
+                    # borrowed, as Ada's and GB202's constants are: the calibration does not privilege it
+                    "zero_shot": replace(transfer(own, ARCH[ZERO_SHOT_FROM[gpu.kernel_family]]),
+                                         borrowed_from=f"{ZERO_SHOT_FROM[gpu.kernel_family]} (zero-shot check)")}
     out: dict = {"gpu": gpu.name, "kernel_family": gpu.kernel_family,
                  "region_rows": {k: len(v) for k, v in by_kind.items()}, "priors": {}}
     for pname in priors:

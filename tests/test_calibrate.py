@@ -153,6 +153,40 @@ def test_cross_validation_keeps_the_prior_unless_the_gain_beats_its_noise():
     assert cal.one_se_choice({"prior": prior, "primary x4": prior * 0.9, "all x1": prior * 0.3}) == "all x1"
 
 
+def test_a_borrowed_prior_is_not_protected_by_the_standard_error():
+    """A prior borrowed from another kernel family is kept only when it is the best; a family's own prior keeps the
+    one-standard-error protection. Which one a calibration has is read off the prior (ArchConstants.borrowed_from):
+    Ada's and GB202's constants are Ampere's."""
+    rng = np.random.default_rng(0)
+    prior = np.abs(rng.normal(0.08, 0.05, 16))
+    noisy = prior - 0.004 + rng.normal(0, 0.05, 16)
+    if float(np.mean(noisy)) >= float(np.mean(prior)):  # keep the case meaningful: the candidate is better on average
+        noisy = noisy - (float(np.mean(noisy)) - float(np.mean(prior))) - 0.001
+    assert cal.one_se_choice({"prior": prior, "all x1": noisy}) == "prior"
+    assert cal.one_se_choice({"prior": prior, "all x1": noisy}, protect_baseline=False) == "all x1"
+    worse = prior + 0.01
+    assert cal.one_se_choice({"prior": prior, "all x1": worse}, protect_baseline=False) == "prior"
+    # the calibration reads the flag off the prior it is given
+    seen = []
+    real = cal.one_se_choice
+
+    def spy(ape, protect_baseline=True):
+        seen.append(protect_baseline)
+        return real(ape, protect_baseline)
+
+    gpu_l40s, gpu_h100 = get_gpu("NVIDIA L40S"), get_gpu(H100)
+    assert constants_for(gpu_l40s).borrowed_from and constants_for(gpu_h100).borrowed_from is None
+    rows = synthetic_rows(H100, constants_for(gpu_h100), kinds=("gemm",))[:8]
+    cal.one_se_choice = spy
+    try:
+        cal._cross_validate(gpu_h100, rows, constants_for(gpu_h100), {"all": ["eta_tc"], "primary": ["eta_tc"]})
+        cal._cross_validate(gpu_h100, rows, replace(constants_for(gpu_h100), borrowed_from="blackwell"),
+                            {"all": ["eta_tc"], "primary": ["eta_tc"]})
+    finally:
+        cal.one_se_choice = real
+    assert seen == [True, False]
+
+
 def test_a_ridge_is_preferred_to_freezing_the_library_constants():
     """Of fits within noise of each other, refitting every constant under a ridge wins over holding the kernel
     library's constants at the prior's (a claim that a prior from another kernel family makes worst): the B300
