@@ -87,11 +87,3 @@ def score_square() -> dict:
         errs = [abs(r["error_pct"]) for r in rows if r["group"] == group]
         out[f"mape_{group}"] = round(sum(errs) / len(errs), 2)
     return out
-
-
-if __name__ == "__main__":
-    res = score_square()
-    for r in res["rows"]:
-        print(f"{r['gpu'][:44]:44s} n={str(r['n'])[:7]:7s} measured {r['measured_tflops']:7.1f}  predicted "
-              f"{r['predicted_tflops']:7.1f} ({r['error_pct']:+6.1f} %) at {r['burst_sm_mhz']} MHz")
-    print({k: v for k, v in res.items() if k.startswith("mape")})

@@ -171,8 +171,8 @@ class ArchConstants:
 # [1024, 16384], every M; prefill and decode attention with head_dim 128), every row predicted as `m2live validate`
 # does it: the burst clock of the power model (TAU_CLOCK, BLACKWELL_SUSTAINED) and L2 re-reads of the loop.
 # results/constants.json holds the fit and its leave-one-architecture-out check. Reading:
-# - eta_tc 1.00 (A100), 0.96 (H100), 0.88 (B300; 1.00 before the voltage floor) of the dense peak at the NVML max clock, with the burst clock
-#   in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
+# - eta_tc 1.00 (A100), 0.96 (H100), 0.88 (B300; 1.00 before the voltage floor) of the dense peak at the NVML
+#   max clock, with the burst clock in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
 # - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.92 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
@@ -613,6 +613,12 @@ def clock_for_power(p: float) -> float:
     return p / V_FLOOR**2
 
 
+def clock_at_power(sustained: float, power_ratio: float) -> float:
+    """The clock ratio a dynamic-power budget ``power_ratio`` x the sustained one allows (a burst's headroom,
+    the limiter's fast loop), at most boost."""
+    return min(1.0, clock_for_power(power_ratio * dyn_power(sustained)))
+
+
 def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, activity: float = 1.0) -> float:
     """E [J/FLOP] that makes a full-activity GEMM settle at ``sustained_ratio`` of boost under ``tdp``."""
     budget = tdp * (1 - IDLE_FRACTION)
@@ -620,9 +626,9 @@ def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, a
 
 
 # Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost, at the tensor activity
-# m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: 0.91 on the A100,
-# 0.89 on the H100, 0.91 on the L40S with the constants below; tests/test_transfer_physics.py checks that the
-# forecast reproduces the three seed clocks). The H100's was 0.81 until 2026-12-05, the activity under constants
+# m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: anchored at 0.90 /
+# 0.8915 / 0.90 on the A100 / H100 / L40S; the constants below give 0.91 / 0.89 / 0.91; tests/test_transfer_physics.py
+# checks that the forecast reproduces the three seed clocks within 3 %). The H100's was 0.81 until 2026-12-05, the activity under constants
 # refitted since: the forecast had drifted to 1320 MHz and Hopper's tensor ceiling (0.998) absorbed the rest —
 # the opbench bursts pin only eta_tc x clock — so a live NVML clock priced a loaded Hopper GPU ~7 % fast. Re-anchored
 # at the current activity (and Hopper's GEMM and prefill ceilings refitted on the H100 bursts: eta_tc 0.963,
@@ -699,8 +705,8 @@ def clock_ratio(tdp_w: float, peak_flops_boost: float, arch: str, tensor_activit
     if sustained >= 1.0 or math.isinf(duration_s):
         return sustained
     d = max(0.0, duration_s)
-    start = min(1.0, clock_for_power(BURST_HEADROOM * dyn_power(sustained)))
-    held = min(start, clock_for_power(max(1.0, limiter_headroom) * dyn_power(sustained)))
+    start = clock_at_power(sustained, BURST_HEADROOM)
+    held = min(start, clock_at_power(sustained, max(1.0, limiter_headroom)))
     if d < 1e-12:
         return start
     if d <= LIMITER_ENGAGE_S or held >= start:

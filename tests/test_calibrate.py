@@ -153,7 +153,7 @@ def test_cross_validation_keeps_the_prior_unless_the_gain_beats_its_noise():
     assert cal.one_se_choice({"prior": prior, "primary x4": prior * 0.9, "all x1": prior * 0.3}) == "all x1"
 
 
-def test_a_borrowed_prior_is_not_protected_by_the_standard_error():
+def test_a_borrowed_prior_is_not_protected_by_the_standard_error(monkeypatch):
     """A prior borrowed from another kernel family is kept only when it is the best; a family's own prior keeps the
     one-standard-error protection. Which one a calibration has is read off the prior (ArchConstants.borrowed_from):
     Ada's and GB202's constants are Ampere's."""
@@ -169,21 +169,15 @@ def test_a_borrowed_prior_is_not_protected_by_the_standard_error():
     # the calibration reads the flag off the prior it is given
     seen = []
     real = cal.one_se_choice
-
-    def spy(ape, protect_baseline=True):
-        seen.append(protect_baseline)
-        return real(ape, protect_baseline)
-
+    monkeypatch.setattr(cal, "one_se_choice", lambda ape, protect_baseline=True: seen.append(protect_baseline)
+                        or real(ape, protect_baseline))
     gpu_l40s, gpu_h100 = get_gpu("NVIDIA L40S"), get_gpu(H100)
     assert constants_for(gpu_l40s).borrowed_from and constants_for(gpu_h100).borrowed_from is None
-    rows = synthetic_rows(H100, constants_for(gpu_h100), kinds=("gemm",))[:8]
-    cal.one_se_choice = spy
-    try:
-        cal._cross_validate(gpu_h100, rows, constants_for(gpu_h100), {"all": ["eta_tc"], "primary": ["eta_tc"]})
-        cal._cross_validate(gpu_h100, rows, replace(constants_for(gpu_h100), borrowed_from="blackwell"),
-                            {"all": ["eta_tc"], "primary": ["eta_tc"]})
-    finally:
-        cal.one_se_choice = real
+    own = constants_for(gpu_h100)
+    rows = synthetic_rows(H100, own, kinds=("gemm",))[:8]
+    names = {"all": ["eta_tc"], "primary": ["eta_tc"]}
+    cal._cross_validate(gpu_h100, rows, own, names)
+    cal._cross_validate(gpu_h100, rows, replace(own, borrowed_from="blackwell"), names)
     assert seen == [True, False]
 
 

@@ -14,6 +14,7 @@ from m2live.efficiency import (
     BURST_HEADROOM,
     LIMITER_ENGAGE_S,
     V_FLOOR,
+    clock_at_power,
     clock_for_power,
     clock_ratio,
     constants_for,
@@ -56,12 +57,18 @@ def test_the_power_limiters_fast_loop_is_borrowed_by_board_generation_not_kernel
     assert constants_for(get_gpu(L40S)).limiter_headroom == ARCH["ampere"].limiter_headroom
 
 
-def _square_rows():
+def _bench(module: str):
+    """A module of bench/ (the public validation tables and their predictions)."""
+    import importlib
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from accuracy_square import SQUARE_ROWS, square_prediction
-    return SQUARE_ROWS, square_prediction
+    return importlib.import_module(module)
+
+
+def _square_rows():
+    m = _bench("accuracy_square")
+    return m.SQUARE_ROWS, m.square_prediction
 
 
 def test_gb202_server_board_droops_within_a_fraction_of_a_second_as_the_public_square_gemms_do():
@@ -153,7 +160,7 @@ def test_a_longer_load_never_runs_a_higher_clock_and_ends_at_the_sustained_one()
     sustained = forecast_clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9)
     # a burst starts at the clock the short-window headroom allows (power ~ f V^2): the L40S cannot feed its peak
     # even so, and droops at once
-    assert fs[0] == pytest.approx(min(1.0, clock_for_power(BURST_HEADROOM * dyn_power(sustained))), abs=0.01)
+    assert fs[0] == pytest.approx(clock_at_power(sustained, BURST_HEADROOM), abs=0.01)
     assert fs[0] < 0.9
     assert fs[-1] == pytest.approx(sustained, abs=0.1)
     assert clock_ratio(g.tdp_w, g.peak_flops(), g.kernel_family, 0.9) == sustained < 0.8
@@ -207,7 +214,7 @@ def test_the_limiters_fast_loop_never_raises_the_clock_and_a_longer_burst_never_
     peak, fam = g.peak_flops(), g.kernel_family
     for act in (0.3, 0.7, 0.95):
         sustained = forecast_clock_ratio(g.tdp_w, peak, fam, act)
-        start = min(1.0, clock_for_power(BURST_HEADROOM * dyn_power(sustained)))
+        start = clock_at_power(sustained, BURST_HEADROOM)
         durations = (1e-4, 5e-3, LIMITER_ENGAGE_S, 0.03, 0.1, 0.4, 1.0, 5.0, 60.0)
         fs = [clock_ratio(g.tdp_w, peak, fam, act, 0.0, d, headroom) for d in durations]
         assert all(b <= a + 1e-12 for a, b in zip(fs, fs[1:], strict=False)), (act, fs)
@@ -234,8 +241,8 @@ def test_the_fast_loop_holds_its_headroom_after_it_engages():
     for h in (1.0, 1.3):
         mean = (b * clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, b, h)
                 - a * clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, a, h)) / (b - a)
-        assert mean == pytest.approx(min(clock_for_power(BURST_HEADROOM * dyn_power(sustained)),
-                                         clock_for_power(h * dyn_power(sustained))), rel=0.01)
+        assert mean == pytest.approx(min(clock_at_power(sustained, BURST_HEADROOM), clock_at_power(sustained, h)),
+                                     rel=0.01)
     for dur in (1e-3, 0.05, 0.3, 3.0):
         assert clock_ratio(g.tdp_w, peak, fam, 0.95, 0.0, dur, BURST_HEADROOM) == clock_ratio(
             g.tdp_w, peak, fam, 0.95, 0.0, dur)
@@ -295,15 +302,15 @@ def test_a_loaded_h200_is_priced_at_its_live_nvml_clock():
     from pathlib import Path
 
     from m2live.probe.score import gemm_predictions
+    from m2live.validate import mape
     probe = json.loads((Path(__file__).resolve().parent.parent / "results" / "probe" / "h200-20261204"
                         / "probe.json").read_text())
     om = OpModel(H200)
-    errs = []
-    for c in probe["gemm"]["cells"]:
-        p = gemm_predictions(om, c["m"], c["n"], c["k"], c["clock_mhz"])
-        errs.append((p["live"]["time_s"] - c["time_s"]) / c["time_s"])
-    assert len(errs) >= 20
-    assert sum(abs(e) for e in errs) / len(errs) < 0.06, errs
+    cells = probe["gemm"]["cells"]
+    assert len(cells) >= 20
+    live = [(gemm_predictions(om, c["m"], c["n"], c["k"], c["clock_mhz"])["live"]["time_s"], c["time_s"])
+            for c in cells]
+    assert mape(live) < 6.0
 
 
 def test_opbench_bursts_stay_near_boost_on_a100_but_droop_on_l40s():
@@ -344,11 +351,8 @@ def test_prefill_grid_fill_bounds_and_causal_tail(gpu):
 
 
 def _mamf_rows():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from accuracy_mamf import MAMF_ROWS, mamf_prediction
-    return MAMF_ROWS, mamf_prediction
+    m = _bench("accuracy_mamf")
+    return m.MAMF_ROWS, m.mamf_prediction
 
 
 @pytest.mark.parametrize("gpu", [H200, B200])
