@@ -49,7 +49,7 @@ GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H1
 GROUPS = FITTED_GROUPS
 BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
-GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048),
+GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096),
                  "k_balance": (768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144)},
         # vLLM's CUTLASS fp8 scaled-mm: 65536 = never splits K (its sm90/sm100 configs have no split-K; under a
         # fixed tile dispatch, efficiency.TILE_RULES, the split is off whatever the value)

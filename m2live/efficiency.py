@@ -298,14 +298,19 @@ ARCH: dict[str, ArchConstants] = {
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
     "blackwell": ArchConstants(
-        eta_tc=0.879811, i_crit=14.5391, k0=46.973, t_kernel=1.88776e-06, eta_mem=0.919452, overlap=1.76885,
-        t_ramp=1.02829e-07, k_split=2048, t_kiter=6.45816e-08,
-        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the B300 holds its TDP (1.02 x; fitted on
-        # opbench b300_sxm GEMMs with the compute side, eta_mem and the ramp kept: B300 GEMM 6.32 -> 6.14 %). The
-        # compute side (eta_tc, i_crit, k0, t_kernel, t_kiter, this) and eta_attn, k0_attn, block_cost,
-        # t_cache_cta refitted with the voltage floor and BLACKWELL_SUSTAINED 0.65 (2026-12-05): GEMM 6.09 %,
-        # prefill 5.72 %
-        limiter_headroom=1.0169,
+        eta_tc=0.878305, i_crit=18.1129, k0=62.3599, t_kernel=1.82635e-06, eta_mem=0.90688, overlap=2.00549,
+        t_ramp=1.71604e-07, t_kiter=6.81944e-08,
+        # cuBLAS's split-K slices on the B300 are at least k_split = 3072 deep: chosen on the fit's grid, which
+        # stopped at 2048 until 2026-12-05 — the B300's pick sat on its edge (the A100's 768 and the H100's 1792
+        # are inside it); 2048 / 2560 / 3072 / 4096 with the constants then fitted: 6.02 / 5.95 / 5.93 / 6.02 %
+        k_split=3072,
+        # the limiter's fast loop (clock_ratio): after LIMITER_ENGAGE_S the B300 holds ~its TDP (1.05 x). The GEMM
+        # group (this, the compute side, eta_mem, the ramp, k_split) refitted on every one of opbench b300_sxm's
+        # 14504 region rows (2026-12-05, bench/fit_constants.py --groups gemm --max-rows 15000, twice from the
+        # constants before, k_split on the widened grid; it had been fitted on a 5000-row sample): B300 GEMM
+        # 6.09 -> 5.88 %, prefill 5.72 -> 5.65 % (its burst clock and KV write move with these); the HBM3e
+        # streaming ceiling it sets for other HBM3e GPUs (MEMORY_FITTED_ON: H200, B200) 0.919 -> 0.907
+        limiter_headroom=1.05146,
         t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.836326, k0_attn=598.06, eta_attn_mem=0.9594,
         item_cost=1.566e-06, block_cost=7.65748e-07, cta_bw=8.597e+10, t_split=0.0, t_merge=8.021e-08,
         t_cache_cta=1.66331e-06, t_ramp_kv=1.091e-06, l2_kv_bytes_per_clk=40.76,
