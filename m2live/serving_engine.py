@@ -14,7 +14,9 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
   re-prefills prompt + generated tokens when re-admitted; its first token keeps its time);
 - decode CUDA graphs up to the capture size ``min(2 x max_num_seqs, 512)`` (1024 on Blackwell), never above
   the token budget: steps with at most that many tokens replay graphs (the predictor's host terms);
-- async scheduling on GPUs (vLLM's default since 0.11: the host work of the next step overlaps the device's
+- async scheduling on GPUs (vLLM's default when ``async_scheduling`` is left unset — vllm/config/vllm.py of the
+  0.32 build here turns it on unless an incompatible option is set; older releases ran without it, ``m2live
+  simulate --async-scheduling off``: the host work of the next step overlaps the device's
   work on this one, so a step lasts the longer of the two; and a busy engine schedules step j + 1 as step j
   starts, so a request arriving during a step is seen one step later), off on the CPU backend.
 

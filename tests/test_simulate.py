@@ -311,8 +311,36 @@ def test_batch_csv_roundtrip(tmp_path, capsys):
     assert float(rows[1]["tpot_ms"]) <= float(rows[0]["tpot_ms"])
 
 
+def test_async_scheduling_switch_cli_and_batch(tmp_path, capsys):
+    """--async-scheduling off (a server started without it, older vLLM's default) prices each decode step's host
+    work after its device work: TPOT grows; the batch file's optional column sets it per row and overrides the
+    flag, blank keeps it."""
+    import csv
+    import json
+
+    base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "256", "--osl", "64", "--concurrency", "4",
+            "--json"]
+    res = {}
+    for mode in ("auto", "on", "off"):
+        assert main(base + ["--async-scheduling", mode]) == 0
+        res[mode] = json.loads(capsys.readouterr().out)
+    assert res["auto"]["assumptions"]["async_scheduling"] is True and res["auto"]["tpot_ms"] == res["on"]["tpot_ms"]
+    assert res["off"]["assumptions"]["async_scheduling"] is False
+    assert res["off"]["tpot_ms"] > 1.02 * res["on"]["tpot_ms"]
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,async_scheduling\n"
+                   f"{L8},h100-sxm,1,256,64,4,bf16,off\n{L8},h100-sxm,1,256,64,4,bf16,\n")
+    out = tmp_path / "out.csv"
+    assert main(["simulate", "--batch", str(src), "-o", str(out), "--async-scheduling", "on"]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [r["async_scheduling"] for r in rows] == ["off", ""]
+    assert float(rows[0]["tpot_ms"]) == pytest.approx(res["off"]["tpot_ms"], rel=1e-3)
+    assert float(rows[1]["tpot_ms"]) == pytest.approx(res["on"]["tpot_ms"], rel=1e-3)
+
+
 @pytest.mark.parametrize("row, msg", [
-    (f"{L8},h100-sxm,1,1024,x,16,bf16", "in.csv:3: osl"),
+    (f"{L8},h100-sxm,1,1024,128,16,bf16,maybe", "in.csv:3: async_scheduling"),
+    (f"{L8},h100-sxm,1,1024,x,16,bf16,", "in.csv:3: osl"),
     (f"{L8},no-such-gpu,1,1024,128,16,bf16", "in.csv:3:"),
     (f"{L8},h100-sxm,3,1024,128,16,bf16", "in.csv:3: TP=3"),
     (f"{L8},h100-sxm,1,1024,128,16,int4", "in.csv:3: precision"),
@@ -321,7 +349,8 @@ def test_batch_csv_roundtrip(tmp_path, capsys):
 ])
 def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
     src = tmp_path / "in.csv"
-    src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision\n{L8},h100-sxm,1,64,8,2,bf16\n{row}\n")
+    src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision,async_scheduling\n{L8},h100-sxm,1,64,8,2,bf16,\n"
+                   f"{row}\n")
     rc = main(["simulate", "--batch", str(src), "-o", str(tmp_path / "o.csv")])
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()

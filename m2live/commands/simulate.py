@@ -13,8 +13,9 @@ server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 
 CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
 refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.9, a
 prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
-CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU; forecast
-clock; 1 ms client <-> server each way and 1 ms of the API server's serial work per request.
+CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
+default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
+default); forecast clock; 1 ms client <-> server each way and 1 ms of the API server's serial work per request.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..simulate import (
 )
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
-BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs")
+BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
@@ -71,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
+    p.add_argument("--async-scheduling", default="auto", choices=ASYNC_CHOICES,
+                   help="vLLM's async scheduling (the next step's host work under this step's device work): auto "
+                        "(default: on for GPUs, off for the CPU backend, recent vLLM's defaults), on, or off (a "
+                        "server started without it)")
     p.add_argument("--no-test-run", action="store_true",
                    help="the benchmark sent no untimed test request first (vllm bench serve "
                         "--ready-check-timeout-sec 0) or the server caches no prefixes: the first request's "
@@ -118,6 +123,21 @@ def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants 
     return get_gpu(str(name).strip()), None
 
 
+ASYNC_CHOICES = ("auto", "on", "off")
+
+
+def _async_choice(text: object, what: str) -> bool | None:
+    """An async-scheduling setting: None (auto: vLLM's default for the device), True or False."""
+    s = str(text if text is not None else "").strip().lower()
+    if s in ("", "auto"):
+        return None
+    if s in ("on", "true", "1", "yes"):
+        return True
+    if s in ("off", "false", "0", "no"):
+        return False
+    raise SimulationError(f"{what} must be auto, on or off, got {text!r}")
+
+
 def _nonneg_float(text: object, what: str) -> float:
     try:
         v = float(str(text))
@@ -131,7 +151,8 @@ def _nonneg_float(text: object, what: str) -> float:
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
-            calibration: str | None = None, test_run: bool = True) -> ServingResult:
+            calibration: str | None = None, test_run: bool = True,
+            async_scheduling: bool | None = None) -> ServingResult:
     _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
@@ -154,6 +175,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
+                        async_scheduling=async_scheduling,
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
@@ -175,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
                 None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
-                args.clock, args.calibration, not args.no_test_run)
+                args.clock, args.calibration, not args.no_test_run,
+                _async_choice(args.async_scheduling, "--async-scheduling"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -229,8 +252,10 @@ def run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     for n, (row, (fields_, limits)) in enumerate(zip(rows, parsed, strict=True), start=2):
         with _row_errors(f"{path}:{n}"):
-            r = run_one(*fields_, *limits, clock=args.clock, calibration=args.calibration,
-                        test_run=not args.no_test_run)
+            async_row = limits[2] if limits[2] is not None else _async_choice(args.async_scheduling,
+                                                                              "--async-scheduling")
+            r = run_one(*fields_, *limits[:2], clock=args.clock, calibration=args.calibration,
+                        test_run=not args.no_test_run, async_scheduling=async_row)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -248,7 +273,8 @@ def run_batch(args: argparse.Namespace) -> int:
 
 def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
-    precision) and the optional (max_num_batched_tokens, max_num_seqs). The model and a catalog GPU are looked up
+    precision) and the optional (max_num_batched_tokens, max_num_seqs, async_scheduling: blank or auto, on, off).
+    The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     precision = _check_precision((row.get("precision") or "bf16").lower())
     get_model(row["model"])
@@ -257,7 +283,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
-              _opt_int(row.get("max_num_seqs"), "max_num_seqs"))
+              _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
+              _async_choice(row.get("async_scheduling"), "async_scheduling"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
