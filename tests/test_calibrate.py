@@ -181,6 +181,35 @@ def test_a_borrowed_prior_is_not_protected_by_the_standard_error(monkeypatch):
     assert seen == [True, False]
 
 
+def test_under_protection_the_chosen_fit_itself_must_beat_the_prior():
+    """Protected, a candidate replaces the prior only when its own gain exceeds its standard error: a fit listed
+    first, within noise of the prior, is not carried past the protection by a second fit that is clearly better
+    (and within noise of the first). Unprotected, the first is taken as the one-standard-error rule has it."""
+    i = np.arange(64)
+    a2, a3 = np.where(i % 4 < 2, 1.0, -1.0), np.where(i % 8 < 4, 1.0, -1.0)  # zero-mean patterns
+    prior = 0.07 + 0.02 * np.where(i % 2 == 0, 1.0, -1.0)
+    clear = prior - 0.01 + 0.001 * a2  # 0.01 better, standard error ~0.0001
+    marginal = clear + 0.009 + 0.08 * a3  # 0.001 better than the prior, standard error ~0.01
+    assert cal.one_se_choice({"prior": prior, "all x4": marginal, "primary x4": clear}) == "primary x4"
+    assert cal.one_se_choice({"prior": prior, "all x4": marginal}) == "prior"
+    assert cal.one_se_choice({"prior": prior, "all x4": marginal, "primary x4": clear},
+                             protect_baseline=False) == "all x4"
+
+
+def test_an_own_prior_is_not_traded_for_a_fit_with_more_constants_than_rows():
+    """With a family's own prior, a configuration with more free constants than a fold trains on is not a
+    candidate (the ridge alone would pin it); a borrowed prior still tries it."""
+    gpu = get_gpu(H100)
+    own = constants_for(gpu)
+    rows = synthetic_rows(H100, own, kinds=("gemm",))[:8]  # 6 rows train each of the 4 folds
+    names = {"all": ["eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "overlap", "k_split"],
+             "primary": ["eta_tc", "t_kernel"]}
+    _, scores = cal._cross_validate(gpu, rows, own, names)
+    assert not any(k.startswith("all") for k in scores) and "primary x4" in scores
+    _, scores = cal._cross_validate(gpu, rows, replace(own, borrowed_from="blackwell"), names)
+    assert "all x4" in scores
+
+
 def test_a_ridge_is_preferred_to_freezing_the_library_constants():
     """Of fits within noise of each other, refitting every constant under a ridge wins over holding the kernel
     library's constants at the prior's (a claim that a prior from another kernel family makes worst): the B300
