@@ -249,6 +249,21 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def test_rank_async_scheduling_switch(capsys):
+    """--async-scheduling off: the simulated server pays each step's host work after its device work, so under
+    the same TPOT SLO it serves no more than with it on; the JSON says which was assumed."""
+    runs = {}
+    for mode in ("auto", "off"):
+        rc, out, _ = _run(capsys, "--model", L8, "--workload", "chat", "--gpus", "h100-sxm", "--tp", "1",
+                          "--slo-ms", "20", "--async-scheduling", mode, "--json")
+        assert rc == 0
+        runs[mode] = json.loads(out)
+    assert runs["off"]["assumptions"]["async_scheduling"] is False
+    assert isinstance(runs["auto"]["assumptions"]["async_scheduling"], str)
+    on, off = (runs[m]["ranking"][0]["serving"] for m in ("auto", "off"))
+    assert off["output_tokens_per_s"] < on["output_tokens_per_s"]
+
+
 def test_json_schema(capsys):
     rc, out, _ = _run(capsys, "--model", L70, "--workload", "chat", "--gpus", "h100-sxm,NVIDIA L4,NVIDIA H200",
                       "--tp", "1,2,4,8", "--slo-ms", "60", "--price", "h100-sxm=2.5", "--json")

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; "
                         "attention and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded)")
+    p.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
+                   help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "
+                        "GPUs), on, or off (a server started without it)")
     p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")
     p.add_argument("--max-batched-tokens", default="8192", help="vLLM max_num_batched_tokens (default 8192)")
     p.add_argument("--top", default="0", help="show only the best N layouts in the table (default: all)")

@@ -91,7 +91,8 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
     return PlanConfig(slo_s=parse_slo(args.slo_ms), max_num_seqs=pos_int(args.max_seqs, "--max-seqs"),
                       max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
-                      constants=calibrated_constants(args.calibration, gpus), precision=args.precision)
+                      constants=calibrated_constants(args.calibration, gpus), precision=args.precision,
+                      async_scheduling={"on": True, "off": False}.get(getattr(args, "async_scheduling", "auto")))
 
 
 def png_path(text: str | None) -> str | None:

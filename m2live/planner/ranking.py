@@ -132,7 +132,8 @@ def _simulate_at(lm: LayoutModel, prompts, outputs, concurrency: int):
                          max_num_batched_tokens=cfg.max_batched_tokens,
                          max_num_seqs=min(cfg.max_num_seqs, cfg.max_batched_tokens),  # as vLLM lowers it
                          kv_tokens=max(1, lm.mem.kv_tokens), clock=cfg.clock,
-                         test_run_cached=False)  # a server under its workload: no benchmark test run
+                         test_run_cached=False,  # a server under its workload: no benchmark test run
+                         async_scheduling=cfg.async_scheduling)
     return simulate(lm.pred.model, lm.gpu, lm.tp, prompts, outputs, scfg, precision=cfg.precision,
                     predictor=lm.pred)
 
@@ -308,6 +309,8 @@ class Ranking:
                 "clock": c.clock, "precision": c.precision,
                 "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
                 "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": c.reserve_bytes / GIB,
+                "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
+                else c.async_scheduling,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",
                 "serving": "throughput, TTFT and TPOT from m2live.simulate (vLLM V1's scheduler, closed loop at "
