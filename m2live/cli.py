@@ -26,6 +26,14 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a bad command line reported as one line (exit 2), not the usage block above the error:
+    ``--help`` still prints the usage. Subcommand parsers take this class from their parent."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from .hardware import UnknownGpuError
     from .shapes import ModelShapeError
@@ -36,7 +44,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="m2live", description="Mechanistic per-step latency prediction "
+    parser = OneLineParser(prog="m2live", description="Mechanistic per-step latency prediction "
                                      "for LLM serving engines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():

@@ -12,7 +12,6 @@ engine tests. vLLM is imported only inside them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -22,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .cli import OneLineParser
 
 MODELS = Path(__file__).resolve().parent / "data" / "models"
 
@@ -154,7 +155,7 @@ class _Collector:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m m2live.demo", description=__doc__.strip().splitlines()[0])
+    ap = OneLineParser(prog="python -m m2live.demo", description=__doc__.strip().splitlines()[0])
     ap.add_argument("--model", default=None, help="model dir/config (default: the shipped bench-llama on CPU)")
     ap.add_argument("--seconds", type=float, default=60.0, help="workload duration (default 60)")
     ap.add_argument("--rate", type=float, default=None, help="request arrivals per second")

@@ -132,6 +132,25 @@ def test_an_unreadable_path_is_named_with_its_reason_not_an_errno(tmp_path, caps
         assert err == f"m2live ops: error: {path}: {reason}", err
 
 
+@pytest.mark.parametrize("argv, says", [
+    ([], "required: COMMAND"),
+    (["simulate", "--precision", "int4"], "invalid choice: 'int4'"),
+    (["rank", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    (["calibrate", "plan", "--gpu"], "expected one argument"),
+    (["simulate", "--model", "x", "--async-scheduling", "maybe"], "--async-scheduling"),
+])
+def test_a_bad_command_line_is_one_line_not_the_usage_block(capsys, argv, says):
+    """argparse's own errors (a missing subcommand, a bad choice, an unknown flag) are one line, exit 2, as every
+    other error; --help still prints the usage."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("m2live") and says in err[0], err
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--help"])
+    assert e.value.code == 0 and "usage: m2live simulate" in capsys.readouterr().out
+
+
 def test_ops_to_a_full_device_in_a_real_process_is_one_line(tmp_path):
     """The same with the real file descriptors of a fresh process (no test runner in between)."""
     r = subprocess.run([sys.executable, "-m", "m2live", "ops", str(GEMM), "--gpu", "h100-sxm", "-o", "/dev/full"],
