@@ -311,9 +311,12 @@ ARCH: dict[str, ArchConstants] = {
         # 6.09 -> 5.88 %, prefill 5.72 -> 5.65 % (its burst clock and KV write move with these); the HBM3e
         # streaming ceiling it sets for other HBM3e GPUs (MEMORY_FITTED_ON: H200, B200) 0.919 -> 0.907
         limiter_headroom=1.05146,
-        t_attn=8.938e-06, t_attn_over=7.884e-06, eta_attn=0.836326, k0_attn=598.06, eta_attn_mem=0.9594,
-        item_cost=1.566e-06, block_cost=7.65748e-07, cta_bw=8.597e+10, t_split=0.0, t_merge=8.021e-08,
-        t_cache_cta=1.66331e-06, t_ramp_kv=1.091e-06, l2_kv_bytes_per_clk=40.76,
+        # the attention group refitted on every head_dim-128 row of the B300's tables (2026-12-05, bench/
+        # fit_constants.py --groups attention --max-rows 8000; a 2500-row sample of each kind before): decode
+        # 4.70 -> 4.53 %, prefill 5.65 -> 5.68 % (one objective over both kinds)
+        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.83714, k0_attn=587.904, eta_attn_mem=0.959378,
+        item_cost=1.53538e-06, block_cost=8.48454e-07, cta_bw=9.32746e+10, t_split=0.0, t_merge=8.96655e-08,
+        t_cache_cta=1.6876e-06, t_ramp_kv=1.07148e-06, l2_kv_bytes_per_clk=39.7028,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
