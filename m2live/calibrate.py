@@ -245,7 +245,7 @@ def _cross_validate(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, nam
     scores = {k: round(100.0 * float(np.mean(v)), 3) for k, v in ape.items()}
     # a prior borrowed from another kernel family (Ada and GB202 on Ampere's numbers) is a guess about kernels this
     # GPU does not run, not evidence about it: it is not protected by the standard error (see one_se_choice)
-    return configs.get(one_se_choice(ape, protect_baseline=prior.borrowed_from is None)), scores
+    return configs.get(one_se_choice(ape, protect_baseline=own)), scores
 
 
 def one_se_choice(ape: dict[str, np.ndarray], protect_baseline: bool = True) -> str:

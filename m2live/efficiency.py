@@ -174,7 +174,7 @@ class ArchConstants:
 # - eta_tc 1.00 (A100), 0.96 (H100), 0.88 (B300; 1.00 before the voltage floor) of the dense peak at the NVML
 #   max clock, with the burst clock in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
 #   the H100 with the clock held at boost).
-# - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.92 (HBM3e, B300): the streaming ceiling of each memory
+# - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.91 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
 #   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
 #   103 ns on the B300 (W0 = 0.8 MB at 8 TB/s).
@@ -350,11 +350,12 @@ ARCH: dict[str, ArchConstants] = {
 # by constants_for).
 ARCH["ada"] = replace(ARCH["ampere"], borrowed_from="ampere (Ada keeps Ampere's mma.sync tensor pipeline and FA2)")
 # The power limiter's fast loop (limiter_headroom) is the board's firmware, not its kernels, so it is borrowed by
-# generation: GB202 boards are Blackwell-generation boards and take the B300's (hold the TDP once the fast loop
+# generation: GB202 boards are Blackwell-generation boards and take the B300's (hold ~1.05 x TDP once the fast loop
 # engages). The public square-GEMM figures of an RTX PRO 6000 Blackwell Server Edition (bench/accuracy_square.py,
 # validation only, never fitted) show the droop only a fast loop gives: 417 -> 387 TF from 8192^3 to 10240^3
 # calls (timed bursts of ~0.1 and ~0.2 s), where the one-second average alone keeps the clock at boost; with
-# Ampere's value (no second stage) those rows come out +12 / +16 %, with the B300's +1 / +5 %. Ada keeps Ampere's
+# Ampere's value (no second stage) those rows come out +12 / +16 %, with the B300's +2 / +6 % (+1 / +5 % at its
+# earlier 1.02). Ada keeps Ampere's
 # (no fast loop): the one public L40S figure (269 TF) is already 5 % above the model, and Hopper's headroom (the
 # contemporary boards) would put it 11 % under — no evidence for a second stage there.
 ARCH["blackwell_rtx"] = replace(ARCH["ampere"], limiter_headroom=ARCH["blackwell"].limiter_headroom,

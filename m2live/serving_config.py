@@ -27,6 +27,22 @@ class SimulationError(ValueError):
     """A serving configuration that cannot run (weights do not fit, bad counts)."""
 
 
+ASYNC_CHOICES = ("auto", "on", "off")  # the command lines' --async-scheduling
+
+
+def parse_async_scheduling(text: object, what: str) -> bool | None:
+    """An async-scheduling setting (a flag or a batch cell): None (auto or blank: vLLM's default for the device,
+    ``ServingConfig.async_scheduling``), True (on) or False (off)."""
+    s = str(text if text is not None else "").strip().lower()
+    if s in ("", "auto"):
+        return None
+    if s in ("on", "true", "1", "yes"):
+        return True
+    if s in ("off", "false", "0", "no"):
+        return False
+    raise SimulationError(f"{what} must be auto, on or off, got {text!r}")
+
+
 def cached_prefix(prompt_tokens: int, block_size: int) -> int:
     """Tokens of a prompt found in vLLM's prefix cache when the same prompt ran before: its full blocks, but
     never the last token (``KVCacheManager.get_computed_blocks`` caps a hit at the request's tokens - 1, since

@@ -17,6 +17,7 @@ import json
 from rich.console import Console
 
 from ..planner import PlanError, rank, validate_opbench
+from ..serving_config import ASYNC_CHOICES
 from ..workload import parse_workload
 from .rank_args import nonneg_int, parse_gpus, parse_tp_list, plan_config, png_path
 from .rank_output import json_default, plot_ranking, plot_validation, print_ranking, print_validation
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; "
                         "attention and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded)")
-    p.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
+    p.add_argument("--async-scheduling", default="auto", choices=ASYNC_CHOICES,
                    help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "
                         "GPUs), on, or off (a server started without it)")
     p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")

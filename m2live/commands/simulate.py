@@ -36,6 +36,7 @@ from rich.table import Table
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
+from ..serving_config import ASYNC_CHOICES, parse_async_scheduling
 from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
@@ -123,21 +124,6 @@ def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants 
     return get_gpu(str(name).strip()), None
 
 
-ASYNC_CHOICES = ("auto", "on", "off")
-
-
-def _async_choice(text: object, what: str) -> bool | None:
-    """An async-scheduling setting: None (auto: vLLM's default for the device), True or False."""
-    s = str(text if text is not None else "").strip().lower()
-    if s in ("", "auto"):
-        return None
-    if s in ("on", "true", "1", "yes"):
-        return True
-    if s in ("off", "false", "0", "no"):
-        return False
-    raise SimulationError(f"{what} must be auto, on or off, got {text!r}")
-
-
 def _nonneg_float(text: object, what: str) -> float:
     try:
         v = float(str(text))
@@ -198,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                 None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
                 args.clock, args.calibration, not args.no_test_run,
-                _async_choice(args.async_scheduling, "--async-scheduling"))
+                parse_async_scheduling(args.async_scheduling, "--async-scheduling"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -249,13 +235,14 @@ def run_batch(args: argparse.Namespace) -> int:
         with _row_errors(f"{path}:{n}"):
             parsed.append(_batch_row(row))
     out_rows = []
+    async_flag = parse_async_scheduling(args.async_scheduling, "--async-scheduling")  # a blank cell takes it
     t0 = time.perf_counter()
-    for n, (row, (fields_, limits)) in enumerate(zip(rows, parsed, strict=True), start=2):
+    for n, (row, (fields_, (max_tokens, max_seqs, async_cell))) in enumerate(zip(rows, parsed, strict=True),
+                                                                             start=2):
         with _row_errors(f"{path}:{n}"):
-            async_row = limits[2] if limits[2] is not None else _async_choice(args.async_scheduling,
-                                                                              "--async-scheduling")
-            r = run_one(*fields_, *limits[:2], clock=args.clock, calibration=args.calibration,
-                        test_run=not args.no_test_run, async_scheduling=async_row)
+            r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
+                        test_run=not args.no_test_run,
+                        async_scheduling=async_flag if async_cell is None else async_cell)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -284,7 +271,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
-              _async_choice(row.get("async_scheduling"), "async_scheduling"))
+              parse_async_scheduling(row.get("async_scheduling"), "async_scheduling"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
