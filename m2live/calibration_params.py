@@ -34,7 +34,7 @@ CALIBRATED: dict[str, tuple[str, ...]] = {
              "limiter_headroom"),
     "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
-               "t_ramp_kv", "l2_kv_bytes_per_clk"),
+               "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
 }
 # The few constants that are most plainly this GPU's own rather than its kernel library's (tensor ceiling, DRAM
 # efficiency and its ramp, kernel latency; the attention call's floor and fixed part, the attention kernels'
@@ -64,6 +64,7 @@ SIGMA: dict[str, float] = {"eta_tc": 0.2, "eta_mem": 0.15, "eta_attn": 0.2, "eta
 BOUNDS_REL = (0.1, 10.0)  # theta within [prior * lo, prior * hi] unless in BOUNDS
 BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2, 1.1), "eta_attn": (0.1, 1.3),
                                           "eta_attn_mem": (0.1, 1.1), "overlap": (1.1, 12.0),
+                                          "item_overlap": (1.0, 12.0),
                                           "k_split": (128.0, 8192.0), "t_split": (0.0, 4e-5),
                                           "t_merge": (0.0, 1e-6), "t_relayout": (0.0, 4e-5),
                                           "t_fixup": (0.0, 1e-5),

@@ -125,11 +125,24 @@ class ArchConstants:
     # multi-head decode) and the rest masked (0: only the useful rows)
     decode_row_block: int = 0
     cta_slots: int = 4  # decode CTAs resident per SM
+    # p of the soft maximum of a decode kernel's items' fixed work and its KV stream (0: the hard maximum, the
+    # items' work wholly hidden behind the other resident CTAs' streaming). How much of it hides is the kernel's
+    # (its warps' schedule), so it is fitted per kernel family and a GPU's calibration keeps it. The calibration
+    # tables show it where items and stream are of a size: H100 decode rows of 128-512 keys at 256-4096 items ran
+    # 10-27 % slower than the larger of the two
+    item_overlap: float = 0.0
     # how the decode kernel splits the KV: "flash" (FlashAttention-3's rule, decode_splits), "fa2" (FlashAttention-2's,
     # fa2_splits) or "trtllm" (FlashInfer's TRT-LLM generation kernels, computeCtaAndClusterConfig: as many splits
     # as leave one CTA per SM, at most one per KV tile, merged in the kernel: t_merge per split)
     decode_split_rule: str = "flash"
+    # most KV splits the decode kernel may take: FlashAttention-3's own cap is 128, but vLLM caps it under a full
+    # CUDA graph (its decode path) so the split buffers can be sized at capture: AttentionConfig.
+    # flash_attn_max_num_splits_for_cuda_graph, 32 by default
+    decode_max_splits: int = 128
     prefill_split: bool = False  # the prefill kernel splits the KV when its query tiles leave SMs idle (FA3)
+    # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
+    # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
+    prefill_pack_gqa: bool = False
     # ((query tile, relative cost of the main loop per KV token), ...): the decode kernel packs a KV head's query
     # heads into a tile of the smallest listed size that holds them, and a larger tile slows each CTA's pass over
     # its KV (its stream rate is cta_bw / cost). Empty: one rate for every group size
@@ -241,9 +254,12 @@ ARCH: dict[str, ArchConstants] = {
     "ampere": ArchConstants(
         eta_tc=0.999877, i_crit=33.6511, k0=311.773, t_kernel=2.65569e-06, eta_mem=0.76065, overlap=2.65677,
         t_ramp=0.0, k_split=768, k_balance=3072,  # the fit takes no ramp on the A100: its kernels reach eta_mem at once
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.8054,
-        item_cost=3.541e-06, block_cost=2.70876e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
-        t_cache_cta=4.54008e-06, t_ramp_kv=8.114e-07,
+        # (item_overlap with item_cost and eta_attn_mem refitted on every head_dim-128 row, 2026-12-05,
+        # bench/fit_constants.py --gpus a100_sxm --groups attention --only those three: decode 5.00 -> 4.96 %,
+        # prefill 4.65 -> 4.62 %)
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.810652,
+        item_cost=3.4771e-06, block_cost=2.70876e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
+        t_cache_cta=4.54008e-06, t_ramp_kv=8.114e-07, item_overlap=3.97535,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         # FA2's own split rule (set_params_splitkv): FlashAttention's over twice the SMs ("128 threads per block")
         # and only split counts that change the key blocks per split (A100 decode 6.59 -> 5.96 %, refitted)
@@ -288,9 +304,26 @@ ARCH: dict[str, ArchConstants] = {
         # launch (2.9 us) as on the A100, whose table shows no such step. Refitted with it (gemm group, --max-rows
         # 5000): H100 GEMM 6.15 -> 5.58 %
         split_reduce="serial",
-        t_attn=1.167e-05, t_attn_over=1.107e-05, eta_attn=0.738576, k0_attn=452.438, eta_attn_mem=0.9869,
-        item_cost=3.691e-06, block_cost=2.47406e-06, cta_bw=3.581e+13, t_split=2.207e-06, t_cache_cta=2.35213e-06,
-        t_ramp_kv=1.291e-06,
+        # the attention group refitted on every head_dim-128 row of the H100's tables with FA3's GQA packing
+        # (prefill_pack_gqa) and the decode items' partial overlap (item_overlap) in place (2026-12-05,
+        # bench/fit_constants.py --groups attention --max-rows 8000, then again with the decode constants and the
+        # call's fixed parts only, the KV ramp held at its value before — free, it went to 1.85 us, 3.4 x the
+        # A100's, for 0.1 point): H100 prefill 6.38 -> 5.36 %, decode 5.93 -> 5.79 % (5.64 %, below).
+        # eta_attn_mem sits at its bound 1.0; with the KV ramp the table's longest streams (4.3 GB) come out at 0.97 of the datasheet
+        # bandwidth, measured 0.94-0.95. cta_bw now binds (49 GB/s a CTA; it had run off to 3.6e13): one sequence
+        # over a long KV, split into at most 32 CTAs (decode_max_splits), streams at most ~1.6 TB/s
+        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.734121, k0_attn=448.147, eta_attn_mem=1.0,
+        item_cost=3.74910e-06, block_cost=2.76566e-06, cta_bw=4.87933e+10, t_split=2.65411e-06,
+        t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.48985,
+        # vLLM decodes under a full CUDA graph, where it caps FA3's KV splits at 32 (decode_max_splits; the
+        # collector's table agrees: one sequence over a 64-128 K-token KV ran ~1.35 x slower than two sequences
+        # over the same bytes). item_overlap, item_cost, cta_bw, t_split refitted with it on all decode rows:
+        # decode 5.79 -> 5.64 % (cap 16: 5.65 %, no cap: 5.79 %). (A step that mixes prefills into its decodes runs
+        # outside the full graph, uncapped; the step predictor prices its decodes at the cap all the same.)
+        decode_max_splits=32,
+        # FA3's varlen calls always pack a KV head's query heads into the query tiles (hopper/flash_api.cpp
+        # get_pack_gqa: PackGQA whenever cu_seqlens_q is given, as vLLM's prefill gives it)
+        prefill_pack_gqa=True,
         # FA3 (kernel_source vllm_flash_attn_fa3) splits a prefill's KV too when its query tiles leave the SMs idle
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
@@ -314,9 +347,11 @@ ARCH: dict[str, ArchConstants] = {
         # the attention group refitted on every head_dim-128 row of the B300's tables (2026-12-05, bench/
         # fit_constants.py --groups attention --max-rows 8000; a 2500-row sample of each kind before): decode
         # 4.70 -> 4.53 %, prefill 5.65 -> 5.68 % (one objective over both kinds)
-        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.83714, k0_attn=587.904, eta_attn_mem=0.959378,
-        item_cost=1.53538e-06, block_cost=8.48454e-07, cta_bw=9.32746e+10, t_split=0.0, t_merge=8.96655e-08,
-        t_cache_cta=1.6876e-06, t_ramp_kv=1.07148e-06, l2_kv_bytes_per_clk=39.7028,
+        # (then item_overlap with item_cost, eta_attn_mem, t_ramp_kv: --only those four, all rows: decode 4.53 ->
+        # 4.48 %; prefill unchanged)
+        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.83714, k0_attn=587.904, eta_attn_mem=0.957833,
+        item_cost=1.53163e-06, block_cost=8.48454e-07, cta_bw=9.32746e+10, t_split=0.0, t_merge=8.96655e-08,
+        t_cache_cta=1.6876e-06, t_ramp_kv=1.00068e-06, l2_kv_bytes_per_clk=39.7028, item_overlap=6.52455,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
@@ -381,7 +416,7 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup",
              "k_balance", "t_kiter", "limiter_headroom"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk"),
+                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 # Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no

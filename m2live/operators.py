@@ -226,6 +226,8 @@ class OpModel:
         group = heads // kv_heads
         packed = 0  # query tiles with a KV head's query heads packed as rows (FA3's split rule counts those)
         kv_max = 0
+        pack = c.prefill_pack_gqa
+        u_pack = 0.0  # the longest packed tile (prefill_pack_gqa)
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
@@ -244,12 +246,22 @@ class OpModel:
                 u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
             if u > u_max:
                 u_max = u
+            if pack:  # the longest packed tile: one of the last two, each bm (position, query head) rows
+                tot = new * group
+                npk = -(-tot // bm)
+                rp = tot - (npk - 1) * bm  # rows of the last packed tile
+                up = rp * (ctx + new - rp / group + (rp / group + 1) / 2.0) + k0 * rp
+                if npk > 1:
+                    up = max(up, bm * (ctx + new - rp / group - bm / group + (bm / group + 1) / 2.0) + k0 * bm)
+                if up > u_pack:
+                    u_pack = up
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
         split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self._sms) if c.prefill_split else 1
-        wave = self._tile_makespan_fill(ctas * heads * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
+        tiles, u_long = (packed * kv_heads, u_pack) if pack else (ctas * heads, u_max)
+        wave = self._tile_makespan_fill(tiles * split, (flops + ovh) / (4.0 * head_dim), u_long / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
@@ -298,7 +310,8 @@ class OpModel:
         if c.decode_split_rule == "trtllm":
             split = max(1, min(kv_blocks, sms // items))
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
-            split = (fa2_splits if fa2 else decode_splits)(items, kv_blocks, sms)
+            split = fa2_splits(items, kv_blocks, sms) if fa2 else decode_splits(items, kv_blocks, sms,
+                                                                                 c.decode_max_splits)
         ctas = items * split
         tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
         if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
@@ -329,7 +342,10 @@ class OpModel:
         # a larger query tile slows the stream too (TRT-LLM); FA2's tile is always decode_row_block rows
         cta_bw = c.cta_bw / (1.0 if c.decode_row_block else tile_cost)
         t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
-        tm = max(t_items, t_stream)  # an item's fixed latency hides behind the other resident CTAs' streaming
+        # an item's fixed latency hides behind the other resident CTAs' streaming — wholly (item_overlap 0: the
+        # larger of the two) or in part, (t_items^p + t_stream^p)^(1/p) as the GEMMs' soft roofline
+        p = c.item_overlap
+        tm = (t_items ** p + t_stream ** p) ** (1.0 / p) if p and t_items > 0 else max(t_items, t_stream)
         if c.decode_row_block:  # every CTA computes a whole block of query rows, the rest masked
             rows = -(-group // c.decode_row_block) * c.decode_row_block
             flops = 4.0 * head_dim * kv_read * (kv_heads if grouped else heads) * rows

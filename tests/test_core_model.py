@@ -421,3 +421,24 @@ def test_fa2_decode_items_run_in_whole_waves_over_the_sms():
     n = h100.gpu.sms
     gap = h100.decode_attention((n + 1) * 4, n + 1, 8, 1, 128).t - h100.decode_attention(n * 4, n, 8, 1, 128).t
     assert gap < 0.1 * h100.c.item_cost
+
+
+def test_vllm_caps_fa3_decode_splits_under_its_cuda_graph():
+    """vLLM's full-CUDA-graph decode caps FA3's KV splits at 32 (flash_attn_max_num_splits_for_cuda_graph):
+    one sequence over a long KV runs in at most 32 CTAs, so it streams slower than many sequences over the same
+    bytes; the cap never applies to FA2's rule or where the items alone fill the SMs."""
+    from dataclasses import replace
+
+    from m2live.efficiency import decode_splits
+    from m2live.predictor import OpModel
+
+    h100 = OpModel("NVIDIA H100 80GB HBM3")
+    assert h100.c.decode_max_splits == 32 and OpModel("NVIDIA A100-SXM4-80GB").c.decode_max_splits == 128
+    assert decode_splits(1, 1024, 132, 32) <= 32 < decode_splits(1, 1024, 132)
+    uncapped = OpModel("NVIDIA H100 80GB HBM3", constants=replace(h100.c, decode_max_splits=128))
+    one_long = [m.decode_attention(131072, 1, 8, 1, 128).t for m in (h100, uncapped)]
+    assert one_long[0] > one_long[1]
+    many = [m.decode_attention(256 * 2048, 256, 32, 8, 128).t for m in (h100, uncapped)]
+    assert many[0] == many[1]
+    # the same bytes over more sequences stream faster under the cap
+    assert h100.decode_attention(131072, 1, 8, 1, 128).t > h100.decode_attention(131072, 8, 8, 1, 128).t

@@ -570,3 +570,41 @@ def test_only_blackwell_decode_reads_an_l2_resident_kv_faster_than_a_gemv_reads_
         assert ARCH[a].l2_kv_bytes_per_clk == 0.0
     warm, cold = (b300.decode_attention(16 * 1023, 16, 32, 8, 128, l2_warm=w).t for w in (True, False))
     assert warm < 0.8 * cold
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", H100, B300, L40S, PRO6000])
+def test_decode_items_overlap_their_stream_in_part_never_faster_than_either(gpu):
+    """A decode kernel's items' fixed work (block table, softmax, write-out) hides behind the other resident
+    CTAs' streaming only in part: (t_items^p + t_stream^p)^(1/p) (item_overlap p). That is never faster than the
+    hard maximum (p = 0 here), slower the softer the overlap, and every family's fit took a finite p."""
+    om = OpModel(gpu)
+    assert om.c.item_overlap > 1.0
+    hard = OpModel(gpu, constants=replace(om.c, item_overlap=0.0))
+    softer = OpModel(gpu, constants=replace(om.c, item_overlap=max(1.0, om.c.item_overlap / 2)))
+    for b, ctx, h, kv in ((256, 256, 32, 8), (1024, 128, 8, 1), (4, 4096, 64, 8), (64, 2048, 32, 32)):
+        t = [m.decode_attention(b * ctx, b, h, kv, 128).t for m in (hard, om, softer)]
+        assert t == sorted(t), (gpu, b, ctx, h, kv, t)
+    # where items and stream balance, the overlap costs most: 2^(1/p) over the larger branch at most
+    t_b, t_s = 1.0, 1.0
+    p = om.c.item_overlap
+    assert (t_b ** p + t_s ** p) ** (1 / p) == pytest.approx(2 ** (1 / p))
+
+
+def test_fa3_packs_grouped_query_heads_into_its_prefill_tiles():
+    """FA3's varlen calls (vLLM's prefill) pack a KV head's query heads into one query tile (PackGQA): a 16-token
+    chunk of 64 query heads on 8 KV heads is 8 full 128-row tiles, not 64 tiles of 16 rows — fewer, longer
+    tiles, so a grid that leaves SMs idle keeps fewer of them busy. Plain multi-head attention has nothing to
+    pack; FA2 (A100) and the TRT-LLM kernels (B300) do not pack."""
+    h100 = OpModel(H100)
+    assert h100.c.prefill_pack_gqa
+    assert not OpModel("NVIDIA A100-SXM4-80GB").c.prefill_pack_gqa and not OpModel(B300).c.prefill_pack_gqa
+    unpacked = OpModel(H100, constants=replace(h100.c, prefill_pack_gqa=False))
+    for seqs in ([(16, 0)], [(512, 0)], [(100, 300)] * 3):
+        assert h100.prefill_attention(seqs, 32, 32, 128).t == unpacked.prefill_attention(seqs, 32, 32, 128).t
+    short = [(16, 0)]
+    packed_t, plain_t = (m.prefill_attention(short, 64, 8, 128) for m in (h100, unpacked))
+    assert packed_t.factors["eta_wave"] < plain_t.factors["eta_wave"] and packed_t.t > plain_t.t
+    # a long chunk fills the SMs either way: packing moves the tile boundaries, not the work
+    long_ = [(8192, 0)] * 2
+    a, b = (m.prefill_attention(long_, 64, 8, 128).t for m in (h100, unpacked))
+    assert a == pytest.approx(b, rel=0.05)
