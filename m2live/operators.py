@@ -227,41 +227,40 @@ class OpModel:
         packed = 0  # query tiles with a KV head's query heads packed as rows (FA3's split rule counts those)
         kv_max = 0
         pack = c.prefill_pack_gqa
-        u_pack = 0.0  # the longest packed tile (prefill_pack_gqa)
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
             kv_tokens += ctx + new
             nq = -(-new // bm)
             ctas += nq
-            packed += -(-new * group // bm)
+            npk = -(-new * group // bm)
+            packed += npk
             kv_max = max(kv_max, ctx + new)
             padded = pad and new > 1
             rows += -(-new // pad) * pad if padded else new
-            # the longest tile is one of the last two (the last one may be short)
-            p0 = (nq - 1) * bm
-            r = new - p0
-            u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
-            if nq > 1:
-                u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
+            # the longest tile is one of the last two (the last one may be short); packed (prefill_pack_gqa),
+            # a tile is bm (position, query head) rows, bm / group positions
+            if pack:
+                rp = new * group - (npk - 1) * bm  # rows of the last packed tile
+                last = ctx + new - rp / group  # keys before its first position
+                u = rp * (last + (rp / group + 1) / 2.0) + k0 * rp
+                if npk > 1:
+                    u = max(u, bm * (last - bm / group + (bm / group + 1) / 2.0) + k0 * bm)
+            else:
+                p0 = (nq - 1) * bm
+                r = new - p0
+                u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
+                if nq > 1:
+                    u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
             if u > u_max:
                 u_max = u
-            if pack:  # the longest packed tile: one of the last two, each bm (position, query head) rows
-                tot = new * group
-                npk = -(-tot // bm)
-                rp = tot - (npk - 1) * bm  # rows of the last packed tile
-                up = rp * (ctx + new - rp / group + (rp / group + 1) / 2.0) + k0 * rp
-                if npk > 1:
-                    up = max(up, bm * (ctx + new - rp / group - bm / group + (bm / group + 1) / 2.0) + k0 * bm)
-                if up > u_pack:
-                    u_pack = up
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
         split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self._sms) if c.prefill_split else 1
-        tiles, u_long = (packed * kv_heads, u_pack) if pack else (ctas * heads, u_max)
-        wave = self._tile_makespan_fill(tiles * split, (flops + ovh) / (4.0 * head_dim), u_long / split)
+        tiles = packed * kv_heads if pack else ctas * heads
+        wave = self._tile_makespan_fill(tiles * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
