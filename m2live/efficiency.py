@@ -140,6 +140,9 @@ class ArchConstants:
     # flash_attn_max_num_splits_for_cuda_graph, 32 by default
     decode_max_splits: int = 128
     prefill_split: bool = False  # the prefill kernel splits the KV when its query tiles leave SMs idle (FA3)
+    # the prefill kernel runs each tile's softmax in the warps that issue its MMAs, in series with them
+    # (FlashAttention-2: operators.FA2_SOFTMAX_FP32_OPS); otherwise the exponentials overlap the MMAs (SFU_OVERLAP)
+    softmax_serial: bool = False
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
     prefill_pack_gqa: bool = False
@@ -257,8 +260,13 @@ ARCH: dict[str, ArchConstants] = {
         # (item_overlap with item_cost and eta_attn_mem refitted on every head_dim-128 row, 2026-12-05,
         # bench/fit_constants.py --gpus a100_sxm --groups attention --only those three: decode 5.00 -> 4.96 %,
         # prefill 4.65 -> 4.62 %)
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.609275, k0_attn=169.072, eta_attn_mem=0.810652,
-        item_cost=3.4771e-06, block_cost=2.70876e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
+        # eta_attn is FA2's tensor efficiency apart from its softmax, which runs in series with the MMAs
+        # (softmax_serial, operators.FA2_SOFTMAX_FP32_OPS: priced from the SFU and FP32 rates of the GPU, so it
+        # weighs less on an SM with more FP32 lanes or slower tensor cores — Ada, GB202). Refitted with it
+        # (2026-12-05, --gpus a100_sxm --groups attention --only eta_attn,k0_attn,block_cost, every row):
+        # eta_attn 0.609 -> 0.834, k0_attn 169 -> 232; A100 prefill 4.62 -> 4.64 %, decode 4.96 -> 4.95 %
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.833918, k0_attn=231.685, eta_attn_mem=0.810652,
+        item_cost=3.4771e-06, block_cost=3.14942e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
         t_cache_cta=4.54008e-06, t_ramp_kv=8.114e-07, item_overlap=3.97535,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
         # FA2's own split rule (set_params_splitkv): FlashAttention's over twice the SMs ("128 threads per block")
@@ -266,6 +274,7 @@ ARCH: dict[str, ArchConstants] = {
         decode_split_rule="fa2",
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
+        softmax_serial=True,  # FA2's softmax between its tile's two MMAs, in the same warps
         # vLLM's prefill reads a paged KV cache, and FA2's varlen API sends paged-KV calls to its split-KV kernel,
         # whose query block is 64 rows at every head dim (run_mha_fwd_splitkv_dispatch: kBlockM = 64, kBlockN =
         # 128 at head_dim <= 128), not the 128 of its plain forward kernel (A100 prefill 8.9 -> 8.1 % refitted)

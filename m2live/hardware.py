@@ -107,6 +107,17 @@ class GpuSpec:
         return 32 if self.compute_capability == (10, 3) else 16
 
     @property
+    def fp32_per_clk(self) -> int:
+        """32-bit floating-point adds / multiplies / FMAs one SM retires per clock (CUDA C++ Programming Guide,
+        "Arithmetic Instructions" throughput table): 64 on compute capability 8.0 (GA100: 64 FP32 lanes per SM),
+        128 on 8.6 / 8.7 / 8.9 (GA10x, Ada: a second FP32 datapath), 9.0, 10.x and 12.x. A kernel whose softmax
+        runs in the same warps as its MMAs (FlashAttention-2) pays these in series with the tensor cores. 0 on the
+        CPU device."""
+        if self.arch == "cpu":
+            return 0
+        return 64 if self.compute_capability == (8, 0) else 128
+
+    @property
     def link_bw(self) -> float:
         """Per-direction interconnect bandwidth in B/s."""
         return self.interconnect_gbs * 1e9

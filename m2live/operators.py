@@ -43,6 +43,24 @@ DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_d
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
 # max). Not fitted: the calibration GPUs' exponential load is 0.15-0.4 of their tensor time, too little to pin p.
 SFU_OVERLAP = 2.0
+# FlashAttention-2's softmax, per score, on the FP32 pipe (read off flash_fwd_kernel.h / softmax.h): one FFMA
+# (scale and subtract the row max), one FADD (row sum), half a bf16 pack (two P values per F2FP), plus the
+# output's rescale, head_dim FMULs per row per key block (fa2_key_block) — and one MUFU.EX2 on the SFUs. FA2 runs
+# them in the warps that issue its MMAs, between the two GEMMs of a tile, so they add to the tensor time rather
+# than hide under it (FA3 and the Blackwell kernels ping-pong warpgroups for that). Not fitted: with the SFU and
+# FP32 rates of the CUDA guide this is what makes the same kernel ~1.4 x more efficient on an RTX 4090 (half-rate
+# fp32-accumulate tensor cores, 128 FP32 lanes) than on an A100 (64 lanes), as FlashAttention-2's public
+# benchmarks show (A100 ~0.63 of peak, RTX 4090 ~0.85-0.9, causal, head_dim 128, 2 K tokens: ~1.4 x; the model
+# gives 1.25 x for vLLM's paged kernel with its per-row prologue, 1.33 x for the official kernel's 64-key blocks).
+FA2_SOFTMAX_FP32_OPS = 2.5
+
+
+def fa2_key_block(head_dim: int) -> int:
+    """Keys per block of FA2's split-KV kernel, the one vLLM's paged calls run (run_mha_fwd_splitkv_dispatch:
+    256 at head_dim <= 64, 128 at <= 128, else 64)."""
+    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
 # FA2's varlen grouped-query decode (flash_api.cpp, seqlenq_ngroups_swapped): q in, the output and q back
 RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
@@ -109,6 +127,7 @@ class OpModel:
         self._sms = g.sms
         self._sm_limits = g.sm_limits
         self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
+        self._fp32_rate = g.sms * g.fp32_per_clk * g.boost_mhz * 1e6  # FP32 adds / multiplies / FMAs per s at boost
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
 
@@ -266,8 +285,11 @@ class OpModel:
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
         # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
         if self._exp_rate:
-            t_exp = flops / (4.0 * head_dim) / (self._exp_rate * f_clk * wave)
-            tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
+            if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
+                tc += self._serial_softmax(flops / (4.0 * head_dim), head_dim, f_clk * wave)
+            else:
+                t_exp = flops / (4.0 * head_dim) / (self._exp_rate * f_clk * wave)
+                tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
@@ -349,7 +371,10 @@ class OpModel:
             rows = -(-group // c.decode_row_block) * c.decode_row_block
             flops = 4.0 * head_dim * kv_read * (kv_heads if grouped else heads) * rows
         # a grid smaller than the SMs computes on as many SMs as it has CTAs
-        tc = flops / (self.attn_peak * f_clk * c.eta_attn * attention_wave(ctas, sms))
+        wave = attention_wave(ctas, sms)
+        tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave)
+        if c.softmax_serial and self._exp_rate:  # FA2's softmax, in series with its MMAs (as in prefill)
+            tc += self._serial_softmax(flops / (4.0 * head_dim), head_dim, f_clk * wave)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             # FA2's grouped-query layout (seqlenq_ngroups_swapped) copies q before the kernel and the output and q
             # back after it, batch x heads x head_dim elements each, read and written (views only with one
@@ -357,6 +382,13 @@ class OpModel:
             copied = 2.0 * self.attn_elt * n_seqs * heads * head_dim * RELAYOUT_COPIES
             t_after += c.t_relayout + self.elementwise(copied, RELAYOUT_COPIES).t_memory
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
+
+    def _serial_softmax(self, scores: float, head_dim: int, rate: float) -> float:
+        """Seconds of FlashAttention-2's softmax over ``scores`` query-key scores, in series with its MMAs: one
+        exponential each on the SFUs and FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe; ``rate``
+        the clock ratio times the share of SMs busy."""
+        fp32_ops = FA2_SOFTMAX_FP32_OPS + head_dim / fa2_key_block(head_dim)
+        return scores * (1.0 / self._exp_rate + fp32_ops / self._fp32_rate) / rate
 
     def _tile_makespan_fill(self, n: int, work: float, u_max: float) -> float:
         """Share of SM time a prefill grid keeps busy: ``n`` query-tile CTAs of ``work`` units in all, the

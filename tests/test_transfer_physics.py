@@ -608,3 +608,35 @@ def test_fa3_packs_grouped_query_heads_into_its_prefill_tiles():
     long_ = [(8192, 0)] * 2
     a, b = (m.prefill_attention(long_, 64, 8, 128).t for m in (h100, unpacked))
     assert a == pytest.approx(b, rel=0.05)
+
+
+def test_fp32_lanes_follow_compute_capability():
+    """CUDA guide throughput table: 64 FP32 lanes per SM on 8.0, 128 from 8.6 on (the CPU device prices none)."""
+    assert get_gpu("NVIDIA A100-SXM4-80GB").fp32_per_clk == 64
+    for name in ("NVIDIA A40", L40S, H100, B300, PRO6000):
+        assert get_gpu(name).fp32_per_clk == 128, name
+
+
+def test_fa2_softmax_runs_in_series_and_weighs_less_on_sms_with_more_fp32_lanes():
+    """FlashAttention-2 (A100, and the families that borrow its kernels: Ada, GB202) runs each tile's softmax
+    between its two MMAs in the same warps: its exponentials and FP32 work add to the tensor time. The same kernel
+    therefore reaches a larger share of the tensor peak on an RTX 4090 (slower tensor cores per SM, twice the FP32
+    lanes) than on an A100 — FlashAttention-2's public benchmarks: ~0.63 of peak on the A100, ~0.85-0.9 on the
+    RTX 4090 (causal, head_dim 128, 2 K tokens). FA3 (H100) and the TRT-LLM kernels (B300) overlap it instead."""
+    assert ARCH["ampere"].softmax_serial and constants_for(get_gpu(L40S)).softmax_serial
+    assert constants_for(get_gpu(PRO6000)).softmax_serial
+    assert not ARCH["hopper"].softmax_serial and not ARCH["blackwell"].softmax_serial
+    share = {}  # of the tensor peak, the kernel's compute branch (the KV-cache write and DRAM aside)
+    for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", L40S):
+        om = OpModel(gpu)
+        seqs = [(2048, 0)] * 16
+        t = om.prefill_attention(seqs, 32, 32, 128).t_compute
+        share[gpu] = 4 * 16 * 32 * 128 * 2048 * 2049 / 2 / t / om.attn_peak
+        # in series: never faster than the tensor time alone, and more FP32 lanes never slower
+        alone = OpModel(gpu, constants=replace(om.c, softmax_serial=False))
+        assert t > alone.prefill_attention(seqs, 32, 32, 128).t_compute
+        wider = OpModel(gpu)
+        wider._fp32_rate *= 2
+        assert wider.prefill_attention(seqs, 32, 32, 128).t_compute < t
+    assert 1.15 < share["NVIDIA GeForce RTX 4090"] / share["NVIDIA A100-SXM4-80GB"] < 1.6
+    assert share[L40S] > share["NVIDIA A100-SXM4-80GB"]
