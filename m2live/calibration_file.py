@@ -21,6 +21,7 @@ from .hardware import GpuSpec, get_gpu
 from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
+SOFT_MAXIMA = ("overlap", "item_overlap")  # exponents p of (a^p + b^p)^(1/p): a file's value must be >= 1
 MIN_ROWS = 4  # fewer measured rows of a kind than this cannot pin anything: refused
 
 
@@ -92,6 +93,9 @@ class Calibration:
                 raise CalibrationError(f"{where}: constant {n!r} needs numeric 'prior' and 'fitted'") from None
             if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
                 raise CalibrationError(f"{where}: constant {n!r} has an invalid fitted value {v['fitted']!r}")
+            if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
+                raise CalibrationError(f"{where}: constant {n!r} is the exponent of a soft maximum: at least 1, "
+                                       f"not {v['fitted']!r}")
             clean[n] = {"prior": prior, "fitted": val}
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),

@@ -291,7 +291,9 @@ def test_broken_calibration_files_are_refused(tmp_path, cal_file):
     table.write_text("m,n,k\n16,4096,4096\n")
     for text in ("not json", "[]", json.dumps({"schema": "other/9"}),
                  json.dumps({**json.loads(cal_file.read_text()), "gpu": "no-such-gpu"}),
-                 json.dumps({**json.loads(cal_file.read_text()), "constants": {"eta_tc": {"prior": 1}}})):
+                 json.dumps({**json.loads(cal_file.read_text()), "constants": {"eta_tc": {"prior": 1}}}),
+                 json.dumps({**json.loads(cal_file.read_text()),
+                             "constants": {"item_overlap": {"prior": 1.5, "fitted": 1e-6}}})):
         f = tmp_path / "c.json"
         f.write_text(text)
         one_line_error(run("ops", str(table), "--gpu", "h100-sxm", "--calibration", str(f)))
