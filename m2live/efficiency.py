@@ -188,8 +188,8 @@ class ArchConstants:
 # does it: the burst clock of the power model (TAU_CLOCK, BLACKWELL_SUSTAINED) and L2 re-reads of the loop.
 # results/constants.json holds the fit and its leave-one-architecture-out check. Reading:
 # - eta_tc 1.00 (A100), 0.96 (H100), 0.88 (B300; 1.00 before the voltage floor) of the dense peak at the NVML
-#   max clock, with the burst clock in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's own burst droop, and 0.82 on
-#   the H100 with the clock held at boost).
+#   max clock, with the burst clock in f_clk (BURST_HEADROOM; before it, 1.00 / 0.88 / 0.77 absorbed each GPU's
+#   own burst droop, and 0.82 on the H100 with the clock held at boost).
 # - eta_mem 0.76 (HBM2e, A100), 0.91 (HBM3, H100), 0.91 (HBM3e, B300): the streaming ceiling of each memory
 #   technology (MEMORY_FITTED_ON); t_ramp, the Little's-law latency whose bandwidth-times-latency bytes a stream
 #   needs in flight, fits 0 on the A100 and H100 (their kernels' fixed time carries the short streams) and
@@ -318,9 +318,10 @@ ARCH: dict[str, ArchConstants] = {
         # bench/fit_constants.py --groups attention --max-rows 8000, then again with the decode constants and the
         # call's fixed parts only, the KV ramp held at its value before — free, it went to 1.85 us, 3.4 x the
         # A100's, for 0.1 point): H100 prefill 6.38 -> 5.36 %, decode 5.93 -> 5.79 % (5.64 %, below).
-        # eta_attn_mem sits at its bound 1.0; with the KV ramp the table's longest streams (4.3 GB) come out at 0.97 of the datasheet
-        # bandwidth, measured 0.94-0.95. cta_bw now binds (49 GB/s a CTA; it had run off to 3.6e13): one sequence
-        # over a long KV, split into at most 32 CTAs (decode_max_splits), streams at most ~1.6 TB/s
+        # eta_attn_mem sits at its bound 1.0; with the KV ramp the table's longest streams (4.3 GB) come out at 0.97
+        # of the datasheet bandwidth, measured 0.94-0.95. cta_bw now binds (49 GB/s a CTA; it had run off to
+        # 3.6e13): one sequence over a long KV, split into at most 32 CTAs (decode_max_splits), streams at most
+        # ~1.6 TB/s
         t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.734121, k0_attn=448.147, eta_attn_mem=1.0,
         item_cost=3.74910e-06, block_cost=2.76566e-06, cta_bw=4.87933e+10, t_split=2.65411e-06,
         t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.48985,
@@ -425,7 +426,8 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "k_split", "t_fixup",
              "k_balance", "t_kiter", "limiter_headroom"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
-                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
+                  "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk",
+                  "item_overlap"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 # Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no
@@ -680,10 +682,11 @@ def _energy_from_anchor(tdp: float, peak_boost: float, sustained_ratio: float, a
 
 # Anchors (seed table 'Sustained @ M=16384'): datasheet TDP and dense bf16 peak at boost, at the tensor activity
 # m2live itself computes for that load at boost (the gate_up GEMM of Llama-3.1-8B at M=16384: anchored at 0.90 /
-# 0.8915 / 0.90 on the A100 / H100 / L40S; the constants below give 0.91 / 0.89 / 0.91; tests/test_transfer_physics.py
-# checks that the forecast reproduces the three seed clocks within 3 %). The H100's was 0.81 until 2026-12-05, the activity under constants
-# refitted since: the forecast had drifted to 1320 MHz and Hopper's tensor ceiling (0.998) absorbed the rest —
-# the opbench bursts pin only eta_tc x clock — so a live NVML clock priced a loaded Hopper GPU ~7 % fast. Re-anchored
+# 0.8915 / 0.90 on the A100 / H100 / L40S; the constants below give 0.91 / 0.89 / 0.91;
+# tests/test_transfer_physics.py checks that the forecast reproduces the three seed clocks within 3 %). The
+# H100's was 0.81 until 2026-12-05, the activity under constants refitted since: the forecast had drifted to
+# 1320 MHz and Hopper's tensor ceiling (0.998) absorbed the rest — the opbench bursts pin only eta_tc x clock —
+# so a live NVML clock priced a loaded Hopper GPU ~7 % fast. Re-anchored
 # at the current activity (and Hopper's GEMM and prefill ceilings refitted on the H100 bursts: eta_tc 0.963,
 # eta_attn 0.739): the H100's and H200's forecast 1380 MHz (an H200 read 1440-1470 MHz on NVML under that load,
 # results/probe/h200-20261204, validation only); on that probe's 28 sustained-load GEMMs, never fitted, the live

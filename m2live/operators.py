@@ -128,6 +128,7 @@ class OpModel:
         self._sm_limits = g.sm_limits
         self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
         self._fp32_rate = g.sms * g.fp32_per_clk * g.boost_mhz * 1e6  # FP32 adds / multiplies / FMAs per s at boost
+        self._softmax_costs: dict[int, float] = {}  # _softmax_cost per head dim
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
 
@@ -285,10 +286,11 @@ class OpModel:
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
         # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
         if self._exp_rate:
+            scores = flops / (4.0 * head_dim)
             if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
-                tc += self._serial_softmax(flops / (4.0 * head_dim), head_dim, f_clk * wave)
+                tc += scores * self._softmax_cost(head_dim) / (f_clk * wave)
             else:
-                t_exp = flops / (4.0 * head_dim) / (self._exp_rate * f_clk * wave)
+                t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
@@ -374,7 +376,7 @@ class OpModel:
         wave = attention_wave(ctas, sms)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave)
         if c.softmax_serial and self._exp_rate:  # FA2's softmax, in series with its MMAs (as in prefill)
-            tc += self._serial_softmax(flops / (4.0 * head_dim), head_dim, f_clk * wave)
+            tc += flops / (4.0 * head_dim) * self._softmax_cost(head_dim) / (f_clk * wave)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             # FA2's grouped-query layout (seqlenq_ngroups_swapped) copies q before the kernel and the output and q
             # back after it, batch x heads x head_dim elements each, read and written (views only with one
@@ -383,12 +385,15 @@ class OpModel:
             t_after += c.t_relayout + self.elementwise(copied, RELAYOUT_COPIES).t_memory
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
-    def _serial_softmax(self, scores: float, head_dim: int, rate: float) -> float:
-        """Seconds of FlashAttention-2's softmax over ``scores`` query-key scores, in series with its MMAs: one
-        exponential each on the SFUs and FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe; ``rate``
-        the clock ratio times the share of SMs busy."""
-        fp32_ops = FA2_SOFTMAX_FP32_OPS + head_dim / fa2_key_block(head_dim)
-        return scores * (1.0 / self._exp_rate + fp32_ops / self._fp32_rate) / rate
+    def _softmax_cost(self, head_dim: int) -> float:
+        """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its
+        MMAs: one exponential on the SFUs, FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe. Cached
+        per head dim (a model has one: the step predictor's hot path looks it up)."""
+        cost = self._softmax_costs.get(head_dim)
+        if cost is None:
+            fp32_ops = FA2_SOFTMAX_FP32_OPS + head_dim / fa2_key_block(head_dim)
+            cost = self._softmax_costs[head_dim] = 1.0 / self._exp_rate + fp32_ops / self._fp32_rate
+        return cost
 
     def _tile_makespan_fill(self, n: int, work: float, u_max: float) -> float:
         """Share of SM time a prefill grid keeps busy: ``n`` query-tile CTAs of ``work`` units in all, the

@@ -584,10 +584,8 @@ def test_decode_items_overlap_their_stream_in_part_never_faster_than_either(gpu)
     for b, ctx, h, kv in ((256, 256, 32, 8), (1024, 128, 8, 1), (4, 4096, 64, 8), (64, 2048, 32, 32)):
         t = [m.decode_attention(b * ctx, b, h, kv, 128).t for m in (hard, om, softer)]
         assert t == sorted(t), (gpu, b, ctx, h, kv, t)
-    # where items and stream balance, the overlap costs most: 2^(1/p) over the larger branch at most
-    t_b, t_s = 1.0, 1.0
-    p = om.c.item_overlap
-    assert (t_b ** p + t_s ** p) ** (1 / p) == pytest.approx(2 ** (1 / p))
+        # the overlap costs at most 2^(1/p) of the hard maximum (its most where items and stream balance)
+        assert t[1] <= t[0] * 2 ** (1 / om.c.item_overlap), (gpu, b, ctx, h, kv)
 
 
 def test_fa3_packs_grouped_query_heads_into_its_prefill_tiles():
