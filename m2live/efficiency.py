@@ -561,7 +561,9 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants,
     tiles = c.tiles
     if c.tile_policy == "largest_filling":
         big = max(tiles, key=lambda t: (t[0] * t[1], -_ctas(m, n, t)))  # ties: fewer CTAs
-        if _ctas(m, n, big) >= sms:
+        # only a GEMM that fills the tile's rows: under BM tokens its rows are mostly masked, and a wide N alone
+        # (Llama-3-8B's gate_up, N = 28672: 112 CTAs of one token each) does not make the library keep it
+        if m >= big[0] and _ctas(m, n, big) >= sms:
             most = int(k // (c.k_balance or c.k_split)) if reduce_macs is not None and k >= 1024 else 1
             splits = range(1, max(1, most) + 1)
             return min((_tile_time(m, n, k, sms, c, *big, s, iter_macs) for s in splits),
