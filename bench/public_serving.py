@@ -1,0 +1,136 @@
+"""`m2live simulate` against vLLM serving runs published by others → results/public_serving.json.
+
+A sanity check, never a fit: each point is a public `vllm bench serve`-style run on a GPU (the source, its date and
+vLLM version, what it states and what we had to assume), simulated with the same model, GPU, TP, lengths and
+concurrency from datasheets alone. The sources state medians or rounded figures where m2live reports means, and
+their hosts and vLLM versions differ from the ones m2live's host terms describe, so read the errors as a
+direction, not a score. Points whose setup a source leaves too open (unknown lengths that matter, a client that
+saturates) are not used.
+
+    python bench/public_serving.py --out results/public_serving.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from m2live.serving_config import ServingConfig  # noqa: E402
+from m2live.shapes import ModelShape  # noqa: E402
+from m2live.simulate import simulate  # noqa: E402
+
+# Qwen2.5-0.5B-Instruct's config.json (Hugging Face, Qwen/Qwen2.5-0.5B-Instruct): the fields m2live reads
+QWEN25_05B = ModelShape.from_config({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}, name="Qwen/Qwen2.5-0.5B-Instruct")
+
+POINTS: list[dict] = [
+    {
+        "source": "https://ai.wmx.dev/benchmarks (serving/raw-vllm concurrency sweep)",
+        "setup": "1x NVIDIA L4 on a GCP g2-standard-4 (4 vCPUs), vLLM v0.23.0 (V1), Qwen2.5-0.5B-Instruct bf16, "
+                 "--gpu-memory-utilization 0.6 --max-model-len 8192; vllm bench serve, 256 in / 128 out, "
+                 "--ignore-eos, closed loop at fixed --max-concurrency",
+        "stated": "ITL p50 and TTFT p50 (ms) per concurrency",
+        "gpu": "NVIDIA L4", "model": QWEN25_05B, "tp": 1, "precision": "bf16", "isl": 256, "osl": 128,
+        "async": None,
+        "runs": [  # (concurrency, TPOT ~ ITL p50, TTFT p50)
+            (1, 5.1, 27.0), (2, 5.2, 37.8), (4, 5.3, 50.1), (8, 5.5, 60.9), (16, 6.0, 103.8), (32, 7.1, 135.3),
+        ],
+    },
+    {
+        "source": "https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/ (2026-05-16)",
+        "setup": "1x H100-80GB-HBM3, vLLM 0.21.0, Llama-3.1-8B-Instruct fp16, profile llm.inference.chatbot-short "
+                 "(lengths not stated: 256 in / 256 out assumed; TPOT at one or four users hardly depends on them)",
+        "stated": "tpot_p50 (ms) at concurrency 1 and 4; TTFT not compared (it depends on the unstated prompt "
+                  "length); concurrency 16 and 64 not used (throughput falls from 16 to 64 while TPOT grows "
+                  "4x: a saturated client)",
+        "gpu": "NVIDIA H100 80GB HBM3", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
+        "isl": 256, "osl": 256, "async": None,
+        "runs": [(1, 6.48, None), (4, 6.59, None)],
+    },
+    {
+        "source": "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on",
+        "setup": "1x NVIDIA A100 40GB (SXM4, Lambda), vLLM 0.23.0, Llama-3.1-8B-Instruct bf16, vllm serve "
+                 "defaults; vllm bench serve random 1024 in / 128 out, --ignore-eos, --max-concurrency 1",
+        "stated": "decode at one request 'about 75 tokens/sec' (TPOT ~13.3 ms); the rest of the sweep is not in "
+                  "the text we hold",
+        "gpu": "NVIDIA A100-SXM4-40GB", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
+        "isl": 1024, "osl": 128, "async": None,
+        "runs": [(1, 1000.0 / 75.0, None)],
+    },
+    {
+        "source": "https://github.com/vllm-project/vllm/pull/20759 (baseline rows, 2025-07)",
+        "setup": "4x NVIDIA B200 (TP 4), vLLM V1 of mid-2025 (before async scheduling was on by default), "
+                 "Llama-3.1-70B-Instruct bf16, --no-enable-prefix-caching; vllm bench serve sonnet (550 in incl. "
+                 "a 200-token prefix, 150 out) at 1 request/s — simulated as one request in flight",
+        "stated": "mean TPOT 12.88 ms, mean TTFT 45.0 ms at QPS 1",
+        "gpu": "NVIDIA B200", "model": "meta-llama/Llama-3.1-70B", "tp": 4, "precision": "bf16",
+        "isl": 550, "osl": 150, "async": False,
+        "runs": [(1, 12.88, 45.02)],
+    },
+]
+
+
+def run_point(p: dict) -> dict:
+    rows = []
+    for c, tpot, ttft in p["runs"]:
+        cfg = ServingConfig(concurrency=c, async_scheduling=p["async"])
+        r = simulate(p["model"], p["gpu"], p["tp"], p["isl"], p["osl"], cfg, precision=p["precision"])
+        row = {"concurrency": c, "measured_tpot_ms": round(tpot, 3), "simulated_tpot_ms": round(r.tpot_ms, 3),
+               "tpot_error": round(r.tpot_ms / tpot - 1.0, 4)}
+        if ttft is not None:
+            row.update(measured_ttft_ms=ttft, simulated_ttft_ms=round(r.ttft_ms, 2),
+                       ttft_error=round(r.ttft_ms / ttft - 1.0, 4))
+        rows.append(row)
+    model = p["model"].name if isinstance(p["model"], ModelShape) else p["model"]
+    return {"source": p["source"], "setup": p["setup"], "stated": p["stated"], "gpu": p["gpu"], "model": model,
+            "tp": p["tp"], "precision": p["precision"], "isl": p["isl"], "osl": p["osl"], "runs": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/public_serving.json")
+    args = ap.parse_args()
+    points = [run_point(p) for p in POINTS]
+    tpot = [abs(r["tpot_error"]) for p in points for r in p["runs"]]
+    ttft = [abs(r["ttft_error"]) for p in points for r in p["runs"] if "ttft_error" in r]
+    out = {
+        "what": "m2live simulate (datasheets, no calibration) against published vLLM serving runs; never fitted",
+        "points": points,
+        "summary": {"tpot_runs": len(tpot), "tpot_mape": round(100 * sum(tpot) / len(tpot), 1),
+                    "tpot_within_15pct": sum(e <= 0.15 for e in tpot),
+                    "ttft_runs": len(ttft), "ttft_mape": round(100 * sum(ttft) / len(ttft), 1),
+                    "ttft_within_25pct": sum(e <= 0.25 for e in ttft)},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    t = Table(title="m2live simulate vs published vLLM runs (never fitted)")
+    for col in ("GPU", "model", "TP", "in/out", "C", "TPOT meas.", "TPOT sim.", "err", "TTFT meas.", "TTFT sim.",
+                "err"):
+        t.add_column(col)
+    for p in points:
+        for r in p["runs"]:
+            t.add_row(p["gpu"].replace("NVIDIA ", ""), p["model"].split("/")[-1], str(p["tp"]),
+                      f"{p['isl']}/{p['osl']}", str(r["concurrency"]), f"{r['measured_tpot_ms']:.2f}",
+                      f"{r['simulated_tpot_ms']:.2f}", f"{100 * r['tpot_error']:+.0f} %",
+                      f"{r.get('measured_ttft_ms', '')}", f"{r.get('simulated_ttft_ms', '')}",
+                      f"{100 * r['ttft_error']:+.0f} %" if "ttft_error" in r else "")
+    Console().print(t)
+    print(f"wrote {args.out}: TPOT MAPE {out['summary']['tpot_mape']} % ({out['summary']['tpot_within_15pct']} of "
+          f"{len(tpot)} within 15 %), TTFT MAPE {out['summary']['ttft_mape']} % "
+          f"({out['summary']['ttft_within_25pct']} of {len(ttft)} within 25 %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
