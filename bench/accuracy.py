@@ -16,6 +16,7 @@ import argparse
 import csv
 import datetime as dt
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -134,6 +135,7 @@ def loo_attribution() -> dict:
 def score_vidur() -> dict:
     """Vidur mlp.csv: per-op median kernel times of Llama projections at num_tokens, TP emulated by shards."""
     gpus = {"a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3", "a40": "NVIDIA A40"}
+    opbench = {"a100": "a100_sxm", "h100": "h100_sxm"}  # the same GPU measured by the opbench collector
     out: dict = {}
     for folder, gpu_name in gpus.items():
         try:
@@ -143,6 +145,7 @@ def score_vidur() -> dict:
         for path in sorted((SHARED / "vidur" / folder).glob("*/mlp.csv")):
             errs: dict[str, list[float]] = {}
             errs_f: dict[str, list[float]] = {}
+            shapes: list[tuple[int, int, int, float]] = []
             with open(path, newline="") as f:
                 for row in csv.DictReader(f):
                     h, kv = int(row["n_head"]), int(row["n_kv_head"])
@@ -164,6 +167,7 @@ def score_vidur() -> dict:
                         tf = om.gemm(m, n, k, f, l2_warm=False).t
                         errs.setdefault(op, []).append(abs(tb * 1e3 - ms) / ms)
                         errs_f.setdefault(op, []).append(abs(tf * 1e3 - ms) / ms)
+                        shapes.append((m, n, k, ms))
             key = f"{gpu_name} / {path.parent.name}"
             out[key] = {op: {"rows": len(v), "mape_boost_clock": round(100 * sum(v) / len(v), 2),
                              "mape_forecast_clock": round(100 * sum(errs_f[op]) / len(v), 2)}
@@ -174,7 +178,25 @@ def score_vidur() -> dict:
                                "mape_forecast_clock": round(100 * sum(allf) / len(allf), 2)}
             out[key]["arch_constants"] = om.gpu.arch + (f" (borrowed from {om.c.borrowed_from})"
                                                         if om.c.borrowed_from else "")
+            if folder in opbench:
+                out[key]["vs_opbench"] = vidur_vs_opbench(shapes, opbench[folder])
     return out
+
+
+def vidur_vs_opbench(shapes: list[tuple[int, int, int, float]], folder: str) -> dict:
+    """The two measurements of one GPU side by side, no model: Vidur's time over the opbench collector's at the
+    (M, N, K) both hold, median ratio by M, and the MAPE opbench's own times would score as a prediction of
+    Vidur's: a model fitted on opbench inherits that gap."""
+    t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
+    ob = {(int(r["m"]), int(r["n"]), int(r["k"])): v for r, v in zip(t.rows, measured(t), strict=True)}
+    lo = [ms / ob[(m, n, k)] for m, n, k, ms in shapes if (m, n, k) in ob and m <= 64]
+    hi = [ms / ob[(m, n, k)] for m, n, k, ms in shapes if (m, n, k) in ob and m > 64]
+    both = [(ob[(m, n, k)], ms) for m, n, k, ms in shapes if (m, n, k) in ob]
+    return {"opbench": folder, "shared_shapes": len(lo) + len(hi),
+            # a model exact on every opbench row would score this on these Vidur rows
+            "mape_of_opbench_as_prediction": round(100 * statistics.fmean(abs(o / v - 1) for o, v in both), 2),
+            "median_vidur_over_opbench_m_le_64": round(statistics.median(lo), 3) if lo else None,
+            "median_vidur_over_opbench_m_gt_64": round(statistics.median(hi), 3) if hi else None}
 
 
 def main() -> int:
@@ -211,7 +233,12 @@ def main() -> int:
     for key, ops in res["vidur_validation"].items():
         print(f"vidur {key}: " + ", ".join(f"{op} {v['mape_boost_clock']:.1f}% boost / "
                                            f"{v['mape_forecast_clock']:.1f}% forecast"
-                                           for op, v in ops.items() if isinstance(v, dict)))
+                                           for op, v in ops.items() if isinstance(v, dict) and op != "vs_opbench"))
+        if "vs_opbench" in ops:
+            v = ops["vs_opbench"]
+            print(f"vidur {key} vs {v['opbench']}: opbench's own times as a prediction {v['mape_of_opbench_as_prediction']:.1f}%"
+                  f" on {v['shared_shapes']} shared shapes (median ratio {v['median_vidur_over_opbench_m_le_64']} at "
+                  f"M <= 64, {v['median_vidur_over_opbench_m_gt_64']} above)")
     for r in res["mamf_validation"]["rows"]:
         print(f"MAMF {r['gpu']:26s} {r['dtype']:4s} measured {r['measured_tflops']:7.1f} TF  predicted "
               f"{r['predicted_tflops']:7.1f} TF ({r['error_pct']:+.1f} %) at {r['burst_sm_mhz']} MHz")
