@@ -65,9 +65,22 @@ def fa2_key_block(head_dim: int) -> int:
 RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
 KBLOCK_BYTES = 128  # a GEMM main loop's K block: one 128-byte swizzled row of each operand (ArchConstants.t_kiter)
-# One NCCL ring all-reduce's fixed cost, small messages (order of magnitude of nccl-tests' latency on 8 GPUs):
-# ~8 us over NVLink / NVLink-C2C, ~20 us over PCIe (host bridges, no NVLink SHARP)
+# One all-reduce's fixed cost, small messages: ~8 us over NVLink / NVLink-C2C (vLLM's own one-shot kernel: 7 us at
+# 16 KiB on a B300, 7-10 us at 0.5 MB on H100 at TP 2-4 in the communicator benchmarks cited below), ~20 us over
+# PCIe (host bridges, no NVLink SHARP)
 ALLREDUCE_LATENCY_S = {"nvlink": 8e-6, "c2c": 8e-6, "pcie": 20e-6, "none": 20e-6}
+# Over NVLink vLLM picks the faster of two kinds of all-reduce by message size. Its own kernels (custom one- and
+# two-shot, symmetric-memory multimem) run in a fixed set of CTAs that load the peers' buffers over NVLink, so
+# their rate is what those CTAs keep in flight (Little's law), not the link's: vLLM's communicator benchmarks
+# (kernels/benchmark_device_communicators.py, in PRs #24111, #24532, #42324 on H100, #37756 on B300) rise by
+# 320-460 GB/s of bus traffic between 1 and 4 MiB on NVLink4 (450 GB/s a direction) and NVLink5 (900) alike.
+# NCCL's ring or NVLS takes over for large messages (16-64 MiB up): ~20 us to start (pynccl at 0.5 MiB: 21-25 us),
+# then the links at about 0.8 of their rate (128 MiB: H100 0.96, B300 0.70). Read off those public tables, not
+# fitted; across their 33 points (0.5-128 MiB, TP 2-8) the two paths score 13.6 % where the link-rate ring scored
+# 23.3 % (bias -10 / -11 % against -15 / -31 % on H100 / B300).
+ALLREDUCE_SM_BUS_BPS = 400e9
+ALLREDUCE_NCCL_LATENCY_S = 20e-6
+ALLREDUCE_NCCL_LINK_SHARE = 0.8
 
 
 def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
@@ -481,9 +494,15 @@ class OpModel:
 
     # ---- tensor-parallel all-reduce ----------------------------------------------------------------------
     def allreduce(self, nbytes: float, tp: int) -> float:
-        """One ring all-reduce of ``nbytes`` over ``tp`` GPUs: its fixed cost plus 2(tp-1)/tp of the data over
-        the interconnect in each direction."""
+        """One all-reduce of ``nbytes`` over ``tp`` GPUs: a fixed cost plus 2(tp-1)/tp of the data on the bus. Over
+        NVLink the faster of vLLM's own kernels (their CTAs' rate, ALLREDUCE_SM_BUS_BPS, or the link's if lower)
+        and NCCL (a longer start, then ALLREDUCE_NCCL_LINK_SHARE of the link); elsewhere a ring at the link's rate."""
         if tp <= 1:
             return 0.0
         lat = ALLREDUCE_LATENCY_S.get(self.gpu.interconnect, ALLREDUCE_LATENCY_S["pcie"])
-        return lat + 2 * (tp - 1) / tp * nbytes / self.gpu.link_bw
+        wire = 2 * (tp - 1) / tp * nbytes
+        link = self.gpu.link_bw
+        if self.gpu.interconnect not in ("nvlink", "c2c"):
+            return lat + wire / link
+        own = lat + wire / min(link, ALLREDUCE_SM_BUS_BPS)
+        return min(own, ALLREDUCE_NCCL_LATENCY_S + wire / (ALLREDUCE_NCCL_LINK_SHARE * link))

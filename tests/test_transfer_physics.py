@@ -655,3 +655,30 @@ def test_fa2_softmax_runs_in_series_and_weighs_less_on_sms_with_more_fp32_lanes(
         assert wider.prefill_attention(seqs, 32, 32, 128).t_compute < t
     assert 1.15 < share["NVIDIA GeForce RTX 4090"] / share["NVIDIA A100-SXM4-80GB"] < 1.6
     assert share[L40S] > share["NVIDIA A100-SXM4-80GB"]
+
+
+# vLLM's communicator benchmarks (kernels/benchmark_device_communicators.py; the fastest all-reduce it has per
+# size, us): H100 TP 4 from PR #24532, TP 6 from #24111, TP 8 (SM 9.0 table) from #42324; B300 from #37756
+PUBLIC_ALLREDUCE_US = [
+    ("NVIDIA H100 80GB HBM3", 4, 0.5, 10), ("NVIDIA H100 80GB HBM3", 4, 1, 14), ("NVIDIA H100 80GB HBM3", 4, 4, 28),
+    ("NVIDIA H100 80GB HBM3", 6, 1, 16), ("NVIDIA H100 80GB HBM3", 6, 4, 31),
+    ("NVIDIA H100 80GB HBM3", 8, 1, 14), ("NVIDIA H100 80GB HBM3", 8, 8, 46), ("NVIDIA H100 80GB HBM3", 8, 128, 561),
+    ("NVIDIA B300 SXM6 AC", 8, 1, 17), ("NVIDIA B300 SXM6 AC", 8, 4, 29), ("NVIDIA B300 SXM6 AC", 8, 16, 72),
+    ("NVIDIA B300 SXM6 AC", 8, 128, 393),
+]
+
+
+def test_nvlink_allreduce_follows_vllms_communicator_benchmarks():
+    """vLLM's own all-reduce kernels run in a fixed set of CTAs, so between 1 and 4 MiB they move ~400 GB/s of bus
+    traffic on NVLink4 and NVLink5 alike; NCCL takes the large messages at most of the link. Priced at the link's
+    rate throughout, the B300's 1-16 MiB all-reduces came out 40-45 % fast (a decode step of 64 sequences on a
+    TP-8 70B model all-reduces 1 MiB twice a layer)."""
+    errs = []
+    for gpu, tp, mib, us in PUBLIC_ALLREDUCE_US:
+        errs.append(OpModel(get_gpu(gpu)).allreduce(mib * 2**20, tp) * 1e6 / us - 1)
+    assert sum(abs(e) for e in errs) / len(errs) < 0.15
+    assert all(abs(e) < 0.3 for e in errs), errs
+    om = OpModel(get_gpu("NVIDIA B200"))
+    ts = [om.allreduce(2.0**k, 8) for k in range(10, 31)]
+    assert all(b > a for a, b in zip(ts, ts[1:], strict=False))  # more bytes never faster
+    assert om.allreduce(2**20, 2) < om.allreduce(2**20, 8)  # the same message over more GPUs moves more of it
