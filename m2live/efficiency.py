@@ -146,6 +146,10 @@ class ArchConstants:
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
     prefill_pack_gqa: bool = False
+    # a step holding both prefill chunks and decodes runs them in one attention call per layer (vLLM's FlashAttention
+    # backends: one varlen kernel over every sequence, one KV-cache write), so the call's fixed part (t_attn_over)
+    # is paid once; FlashInfer's backend runs its prefill and decode kernels one after the other
+    attn_mixed_one_call: bool = False
     # ((query tile, relative cost of the main loop per KV token), ...): the decode kernel packs a KV head's query
     # heads into a tile of the smallest listed size that holds them, and a larger tile slows each CTA's pass over
     # its KV (its stream rate is cta_bw / cost). Empty: one rate for every group size
@@ -275,6 +279,7 @@ ARCH: dict[str, ArchConstants] = {
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         softmax_serial=True,  # FA2's softmax between its tile's two MMAs, in the same warps
+        attn_mixed_one_call=True,  # vLLM's FLASH_ATTN backend: one flash_attn_varlen_func call for the whole batch
         # vLLM's prefill reads a paged KV cache, and FA2's varlen API sends paged-KV calls to its split-KV kernel,
         # whose query block is 64 rows at every head dim (run_mha_fwd_splitkv_dispatch: kBlockM = 64, kBlockN =
         # 128 at head_dim <= 128), not the 128 of its plain forward kernel (A100 prefill 8.9 -> 8.1 % refitted)
@@ -338,6 +343,7 @@ ARCH: dict[str, ArchConstants] = {
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
         prefill_split=True,
+        attn_mixed_one_call=True,  # FA3 in vLLM's FLASH_ATTN backend, as FA2: one varlen call for the whole batch
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
     "blackwell": ArchConstants(

@@ -232,12 +232,17 @@ class Predictor:
         o = self.ops
         heads, kv_heads, head_dim = self._attn_dims
         pre, dec = step.prefill_seqs, step.decode_contexts
-        if pre:
-            rec.op("attn_prefill", o.prefill_attention(pre, heads, kv_heads, head_dim, f), layers)
+        t_pre = o.prefill_attention(pre, heads, kv_heads, head_dim, f) if pre else None
+        if t_pre is not None:
+            rec.op("attn_prefill", t_pre, layers)
         else:
             rec.ops["attn_prefill"] = 0.0
         if dec:
-            rec.op("attn_decode", o.decode_attention(sum(dec), len(dec), heads, kv_heads, head_dim, f), layers)
+            t_dec = o.decode_attention(sum(dec), len(dec), heads, kv_heads, head_dim, f)
+            rec.op("attn_decode", t_dec, layers)
+            if t_pre is not None and o.c.attn_mixed_one_call:
+                # one call for the mixed batch: its fixed part once, and never shorter than the longer of the two
+                rec.ops["attn_decode"] = max(t_dec.t - o.c.t_attn_over, t_dec.t - t_pre.t, 0.0) * layers
         else:
             rec.ops["attn_decode"] = 0.0
 

@@ -442,3 +442,24 @@ def test_vllm_caps_fa3_decode_splits_under_its_cuda_graph():
     assert many[0] == many[1]
     # the same bytes over more sequences stream faster under the cap
     assert h100.decode_attention(131072, 1, 8, 1, 128).t > h100.decode_attention(131072, 8, 8, 1, 128).t
+
+
+@pytest.mark.parametrize("gpu, one_call", [("NVIDIA H100 80GB HBM3", True), ("NVIDIA A100-SXM4-80GB", True),
+                                           ("NVIDIA L40S", True), ("NVIDIA B300 SXM6 AC", False)])
+def test_a_mixed_step_pays_one_attention_call_on_flashattention(gpu, one_call):
+    """vLLM's FlashAttention backends run a step's prefill chunks and decodes as one varlen call per layer (one
+    launch, one KV-cache write): the call's fixed part is paid once, and the call is never shorter than either
+    part alone. FlashInfer's backend (the B300's TRT-LLM kernels) runs a prefill and a decode kernel."""
+    p = Predictor(gpu, "meta-llama/Llama-3.1-8B")
+    c, L = p.ops.c, p.model.layers
+    pre, dec = Step([(512, 0)]), Step([(1, 1000)] * 32)
+    mixed = p.predict(Step([(512, 0)] + [(1, 1000)] * 32), f_clk=1.0).ops
+    alone_pre = p.predict(pre, f_clk=1.0).ops["attn_prefill"]
+    alone_dec = p.predict(dec, f_clk=1.0).ops["attn_decode"]
+    together = mixed["attn_prefill"] + mixed["attn_decode"]
+    assert c.attn_mixed_one_call is one_call
+    assert together >= max(alone_pre, alone_dec) * (1 - 1e-9)
+    if one_call:
+        assert together == pytest.approx(alone_pre + alone_dec - c.t_attn_over * L, rel=1e-6)
+    else:
+        assert together == pytest.approx(alone_pre + alone_dec, rel=1e-6)
