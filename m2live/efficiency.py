@@ -483,6 +483,12 @@ def memory_ceiling(memory: str) -> float | None:
 TILE_POLICY_CHIPS: dict[str, tuple[tuple[int, int], ...]] = {"largest_filling": ((8, 0),)}
 
 
+def fitted_on_this_gpu(c: ArchConstants, gpu: GpuSpec) -> bool:
+    """True when ``c`` were fitted on ``gpu``'s own tables (its family's calibration GPU: ``fitted_on`` names it),
+    not borrowed from another family nor carried over to a sibling GPU (an H200 or a B200 on its family's numbers)."""
+    return c.borrowed_from is None and f"({gpu.name})" in c.fitted_on
+
+
 def constants_for(gpu: GpuSpec, dtype: str = "bf16") -> ArchConstants:
     """The constants m2live uses on ``gpu``: its kernel family's, with the DRAM efficiencies moved to the GPU's
     own memory technology. A calibration (``m2live calibrate``) replaces fields of this on top."""
