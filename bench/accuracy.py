@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import functools
 import json
 import statistics
 import sys
@@ -183,12 +184,18 @@ def score_vidur() -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _opbench_gemm_ms(folder: str) -> dict[tuple[int, int, int], float]:
+    """One opbench GEMM table as (M, N, K) -> measured ms (read once: two Vidur models share the A100's)."""
+    t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
+    return {(int(r["m"]), int(r["n"]), int(r["k"])): v for r, v in zip(t.rows, measured(t), strict=True)}
+
+
 def vidur_vs_opbench(shapes: list[tuple[int, int, int, float]], folder: str) -> dict:
     """The two measurements of one GPU side by side, no model: Vidur's time over the opbench collector's at the
     (M, N, K) both hold, median ratio by M, and the MAPE opbench's own times would score as a prediction of
     Vidur's: a model fitted on opbench inherits that gap."""
-    t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
-    ob = {(int(r["m"]), int(r["n"]), int(r["k"])): v for r, v in zip(t.rows, measured(t), strict=True)}
+    ob = _opbench_gemm_ms(folder)
     lo = [ms / ob[(m, n, k)] for m, n, k, ms in shapes if (m, n, k) in ob and m <= 64]
     hi = [ms / ob[(m, n, k)] for m, n, k, ms in shapes if (m, n, k) in ob and m > 64]
     both = [(ob[(m, n, k)], ms) for m, n, k, ms in shapes if (m, n, k) in ob]
@@ -236,9 +243,9 @@ def main() -> int:
                                            for op, v in ops.items() if isinstance(v, dict) and op != "vs_opbench"))
         if "vs_opbench" in ops:
             v = ops["vs_opbench"]
-            print(f"vidur {key} vs {v['opbench']}: opbench's own times as a prediction {v['mape_of_opbench_as_prediction']:.1f}%"
-                  f" on {v['shared_shapes']} shared shapes (median ratio {v['median_vidur_over_opbench_m_le_64']} at "
-                  f"M <= 64, {v['median_vidur_over_opbench_m_gt_64']} above)")
+            print(f"vidur {key} vs {v['opbench']}: opbench's own times as a prediction "
+                  f"{v['mape_of_opbench_as_prediction']:.1f}% on {v['shared_shapes']} shared shapes (median ratio "
+                  f"{v['median_vidur_over_opbench_m_le_64']} at M <= 64, {v['median_vidur_over_opbench_m_gt_64']} above)")
     for r in res["mamf_validation"]["rows"]:
         print(f"MAMF {r['gpu']:26s} {r['dtype']:4s} measured {r['measured_tflops']:7.1f} TF  predicted "
               f"{r['predicted_tflops']:7.1f} TF ({r['error_pct']:+.1f} %) at {r['burst_sm_mhz']} MHz")

@@ -241,8 +241,9 @@ class Predictor:
             t_dec = o.decode_attention(sum(dec), len(dec), heads, kv_heads, head_dim, f)
             rec.op("attn_decode", t_dec, layers)
             if t_pre is not None and o.c.attn_mixed_one_call:
-                # one call for the mixed batch: its fixed part once, and never shorter than the longer of the two
-                rec.ops["attn_decode"] = max(t_dec.t - o.c.t_attn_over, t_dec.t - t_pre.t, 0.0) * layers
+                # one call for the mixed batch: its fixed part once (each call's time holds it, so the sum never
+                # falls below the longer of the two)
+                rec.ops["attn_decode"] = (t_dec.t - min(o.c.t_attn_over, t_pre.t)) * layers
         else:
             rec.ops["attn_decode"] = 0.0
 
