@@ -59,6 +59,32 @@ class HostConstants:
 GEMM_KERNELS_PER_LAYER = 4  # qkv, o, gate_up, down
 ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
 LIGHT_KERNELS_PER_LAYER = 5  # 2 fused add+RMSNorm, RoPE, SiLU*mul, residual add
+NORM_KERNELS_PER_LAYER = 2  # of those, the fused add+RMSNorm after each tensor-parallel all-reduce
+
+# vLLM's all-reduce + RMSNorm fusion (PassConfig.fuse_allreduce_rms, FlashInfer's TRT-LLM fused all-reduce kernel):
+# on by default at -O2 (the API server's level) for TP > 1 on compute capability 9.0 and the 10.x family
+# (vllm/config/vllm.py enable_allreduce_rms_fusion; default since vLLM 0.16, PR #34299), where the all-reduce's
+# message (tokens x hidden x 2 B) is at most this many MiB — FI_ALLREDUCE_FUSION_MAX_SIZE_MB of
+# vllm/compilation/passes/fusion/allreduce_rms_fusion.py (vLLM 0.32), by capability and TP size; a larger step runs
+# the unfused graph (vLLM compiles both ranges). The fused kernel adds the residual and normalises while the
+# reduced rows are in registers: the layer's two add+RMSNorm kernels (and their passes over the hidden state) go,
+# the all-reduce is priced as before.
+ALLREDUCE_RMS_FUSION_MAX_MIB: dict[tuple[int, int], dict[int, float]] = {
+    (9, 0): {2: 64, 4: 2, 8: 0.5},
+    (10, 0): {2: 64, 4: 32, 8: 1, 16: 64},
+    (10, 3): {2: 64, 4: 64, 8: 4, 16: 64},
+    (10, 7): {2: 64, 4: 64, 8: 2},
+}
+
+
+def allreduce_fusion_max_bytes(gpu: GpuSpec, tp: int, enabled: bool | None = None) -> float:
+    """Largest all-reduce message (bytes) vLLM fuses with the RMSNorm after it on ``gpu`` at ``tp``; 0 where it
+    does not fuse. ``enabled``: None (vLLM's default: on where the kernel is — capability 9.0 or 10.x over NVLink
+    at a TP size the table lists), False (a server run with ``fuse_allreduce_rms`` off, or a vLLM before 0.16)
+    or True (the same as None: the fusion exists only where its kernel and its size table do)."""
+    if enabled is False or tp <= 1 or gpu.interconnect not in ("nvlink", "c2c"):
+        return 0.0
+    return ALLREDUCE_RMS_FUSION_MAX_MIB.get(tuple(gpu.compute_capability), {}).get(tp, 0.0) * 1024**2
 
 
 @dataclass(slots=True)
@@ -85,11 +111,13 @@ class Predictor:
 
     def __init__(self, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike, tp: int = 1,
                  dtype: str = "bf16", host: HostConstants | None = None,
-                 constants: ArchConstants | None = None, act_scale: str = "static"):
+                 constants: ArchConstants | None = None, act_scale: str = "static",
+                 allreduce_fusion: bool | None = None):
         """``dtype``: precision of the four projections' weights ("bf16", or "fp8": vLLM's W8A8 linear layers;
         attention, the KV cache, the LM head and the embeddings stay bf16). ``act_scale`` (fp8 only): "static"
         (the checkpoint's calibrated per-tensor input scales) or "dynamic" (vLLM's default for on-the-fly fp8:
-        a max reduction over each projection's input every step before quantising it)."""
+        a max reduction over each projection's input every step before quantising it). ``allreduce_fusion``:
+        vLLM's all-reduce + RMSNorm fusion under TP (``allreduce_fusion_max_bytes``; None: vLLM's default)."""
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
         self.dtype = dtype
@@ -110,8 +138,9 @@ class Predictor:
         h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
         # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
-        self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
-                                           + 3 * m.intermediate // tp + 4 * kv * hd)
+        norm_bytes = d * 2 * 4 * h  # the two add+RMSNorm kernels' share
+        self._light_bytes_per_token = norm_bytes + d * (2 * (m.heads_per_gpu + kv) * hd
+                                                        + 3 * m.intermediate // tp + 4 * kv * hd)
         self._light_kernels = LIGHT_KERNELS_PER_LAYER
         if m.qk_norm:  # Qwen3: RMSNorm of each q and k head before RoPE (vLLM's q_norm, k_norm): read + write q, k
             self._light_bytes_per_token += d * 2 * (m.heads_per_gpu + kv) * hd
@@ -131,8 +160,14 @@ class Predictor:
                 quant_kernels = 8
             else:
                 self._light_bytes_per_token += 3 * o_in - fused
+                norm_bytes -= 2 * h  # the norms write their outputs in 1 B
                 quant_kernels = 1
             self._light_kernels += quant_kernels
+        # a step whose all-reduces fuse with the norms after them: those kernels and bytes go (the fused kernel
+        # also quantises its output to e4m3 with a static scale)
+        self._fusion_max_tokens = int(allreduce_fusion_max_bytes(self.gpu, tp, allreduce_fusion)
+                                      // (h * m.dtype_bytes))
+        self._light_fused = (self._light_bytes_per_token - norm_bytes, self._light_kernels - NORM_KERNELS_PER_LAYER)
 
     @classmethod
     def for_gpu(cls, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike = "meta-llama/Llama-3.1-8B",
@@ -248,8 +283,21 @@ class Predictor:
             rec.ops["attn_decode"] = 0.0
 
     def t_light(self, tokens: int) -> OpTime:
-        """One layer's memory-bound kernels (norms, RoPE, activation, residual adds; fp8 input quantisation)."""
-        return self.ops.elementwise(tokens * self._light_bytes_per_token, self._light_kernels)
+        """One layer's memory-bound kernels (norms, RoPE, activation, residual adds; fp8 input quantisation);
+        without the norms where the all-reduces before them fuse them (``allreduce_fusion_max_bytes``)."""
+        per_token, kernels = self._light_per_layer(tokens)
+        return self.ops.elementwise(tokens * per_token, kernels)
+
+    def _light_per_layer(self, tokens: int) -> tuple[int, int]:
+        """(bytes per token, kernels) of one layer's light ops at a step of ``tokens``."""
+        if tokens <= self._fusion_max_tokens:
+            return self._light_fused
+        return self._light_bytes_per_token, self._light_kernels
+
+    @property
+    def fusion_max_tokens(self) -> int:
+        """The largest step (tokens) whose all-reduces vLLM fuses with the RMSNorms after them; 0: none does."""
+        return self._fusion_max_tokens
 
     def t_allreduce(self, tokens: int) -> float:
         """One tensor-parallel all-reduce of the layer's tokens x hidden activations."""
@@ -266,7 +314,7 @@ class Predictor:
         h, L = self.host, self.model.layers
         if tokens <= h.graph_max_tokens:
             return (L + 1) * h.t_graph_piece
-        per_layer = GEMM_KERNELS_PER_LAYER + ATTN_KERNELS_PER_LAYER + self._light_kernels
+        per_layer = GEMM_KERNELS_PER_LAYER + ATTN_KERNELS_PER_LAYER + self._light_per_layer(tokens)[1]
         return (L * per_layer + h.kernels_per_step) * h.t_launch
 
     def t_host(self, step: Step) -> float:
@@ -291,7 +339,7 @@ class Predictor:
         flops += 4.0 * m.heads_per_gpu * m.head_dim * pairs
         kv_tok = sum(c + n for n, c in step.prefill_seqs) + sum(dec) + len(dec)
         nbytes += d * 2 * m.kv_heads_per_gpu * m.head_dim * kv_tok
-        nbytes += T * self._light_bytes_per_token
+        nbytes += T * self._light_per_layer(T)[0]
         flops, nbytes = flops * m.layers, nbytes * m.layers
         n_v, k_v = self._lm_nk
         flops += 2.0 * step.num_seqs * n_v * k_v

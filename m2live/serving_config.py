@@ -27,12 +27,12 @@ class SimulationError(ValueError):
     """A serving configuration that cannot run (weights do not fit, bad counts)."""
 
 
-ASYNC_CHOICES = ("auto", "on", "off")  # the command lines' --async-scheduling
+SWITCH_CHOICES = ("auto", "on", "off")  # the command lines' --async-scheduling and --allreduce-fusion
 
 
-def parse_async_scheduling(text: object, what: str) -> bool | None:
-    """An async-scheduling setting (a flag or a batch cell): None (auto or blank: vLLM's default for the device,
-    ``ServingConfig.async_scheduling``), True (on) or False (off)."""
+def parse_switch(text: object, what: str) -> bool | None:
+    """A vLLM feature switch (a flag or a batch cell: ``async_scheduling``, ``allreduce_fusion``): None (auto or
+    blank: vLLM's default for the device), True (on) or False (off)."""
     s = str(text if text is not None else "").strip().lower()
     if s in ("", "auto"):
         return None
@@ -88,6 +88,9 @@ class ServingConfig:
     gpu_memory_utilization: float = 0.9  # vLLM default
     reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, graphs (as the planner)
     async_scheduling: bool | None = None  # None: on for GPUs, off for the CPU backend (vLLM's defaults)
+    # vLLM's all-reduce + RMSNorm fusion under TP (predictor.allreduce_fusion_max_bytes): None its default since
+    # 0.16 (Hopper and Blackwell data-centre GPUs over NVLink), False a server without it (older vLLM)
+    allreduce_fusion: bool | None = None
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S

@@ -89,6 +89,8 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "block_size": bs, "kv_cache_tokens": kv_tokens,
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched, "preemption": "recompute",
+            # vLLM's all-reduce + RMSNorm fusion: the largest step (tokens) that runs it, 0 where it does not
+            "allreduce_rms_fusion_max_tokens": timer.pred.fusion_max_tokens,
             # prefix-cache hits: none between the benchmark's random prompts; the first request's own prompt,
             # sent once before by the benchmark's untimed test run, unless switched off
             "prefix_caching_hits": "first request (the benchmark's test run)" if cfg.test_run_cached else False,

@@ -95,7 +95,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         max_seqs = min(d_seqs, max_tokens)
     graphs = cuda_graph_capture_max(spec, max_seqs, max_tokens)
     async_sched = cfg.async_scheduling if cfg.async_scheduling is not None else spec.arch != "cpu"
-    pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs)
+    pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs,
+                                       allreduce_fusion=cfg.allreduce_fusion)
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
     prompts = _lengths(isl, n, "isl")
     outputs = _lengths(osl, n, "osl")

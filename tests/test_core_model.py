@@ -463,3 +463,37 @@ def test_a_mixed_step_pays_one_attention_call_on_flashattention(gpu, one_call):
         assert together == pytest.approx(alone_pre + alone_dec - c.t_attn_over * L, rel=1e-6)
     else:
         assert together == pytest.approx(alone_pre + alone_dec, rel=1e-6)
+
+
+def test_allreduce_rms_fusion_drops_the_norm_kernels_of_small_tp_steps():
+    """vLLM >= 0.16 fuses each TP all-reduce with the add+RMSNorm after it on capability 9.0 / 10.x (FlashInfer's
+    kernel) for steps whose message fits its size table: such a step loses the two norm kernels a layer, a larger
+    one (the unfused compile range), TP=1 and an A100 are priced as before, and the switch off restores them."""
+    from m2live.hardware import get_gpu
+    from m2live.predictor import allreduce_fusion_max_bytes
+
+    def total(gpu: str, tp: int, decodes: int, fusion: bool | None = None, model: str = "meta-llama/Llama-3.1-70B"):
+        p = Predictor(gpu, model, tp=tp, allreduce_fusion=fusion)
+        return p.predict(Step.build(decodes=[1500] * decodes), f_clk=1.0), p
+
+    # H100, TP 8: 0.5 MiB / (8192 hidden x 2 B) = 32 tokens
+    assert allreduce_fusion_max_bytes(get_gpu("h100-sxm"), 8) == 0.5 * 2**20
+    fused, p = total("h100-sxm", 8, 32)
+    plain, _ = total("h100-sxm", 8, 32, fusion=False)
+    assert p.fusion_max_tokens == 32
+    layers, t_k = p.model.layers, p.ops.c.t_kernel
+    saved = plain.ops["light"] - fused.ops["light"]
+    assert 2 * layers * t_k <= saved <= 2 * layers * t_k * 1.5  # two kernels a layer, and their few bytes
+    assert fused.total_s == pytest.approx(plain.total_s - saved, rel=1e-9)
+    above, _ = total("h100-sxm", 8, 33)
+    above_off, _ = total("h100-sxm", 8, 33, fusion=False)
+    assert above.total_s == above_off.total_s  # the unfused compile range
+    # the B300's table is its own (4 MiB at TP 8: 256 tokens), the B200's 1 MiB (64)
+    assert Predictor("b300", "meta-llama/Llama-3.1-70B", tp=8).fusion_max_tokens == 256
+    assert Predictor("b200", "meta-llama/Llama-3.1-70B", tp=8).fusion_max_tokens == 64
+    # no fusion: TP 1, no kernel (A100, sm_80), a TP size the table lacks
+    for gpu, tp in (("h100-sxm", 1), ("a100-sxm4-80gb", 4), ("h100-sxm", 16)):
+        assert allreduce_fusion_max_bytes(get_gpu(gpu), tp) == 0.0
+    on, _ = total("a100-sxm4-80gb", 4, 8)
+    off, _ = total("a100-sxm4-80gb", 4, 8, fusion=False)
+    assert on.total_s == off.total_s

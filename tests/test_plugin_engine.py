@@ -310,3 +310,33 @@ def test_auto_picks_async_base_and_plugin_never_raises():
 
 if __name__ == "__main__":
     _drive(sys.argv[1])
+
+
+def test_the_engines_allreduce_fusion_switch_reaches_the_predictor():
+    """The plugin predicts with the engine's own all-reduce + RMSNorm fusion switch (vLLM's resolved
+    ``compilation_config.pass_config.fuse_allreduce_rms``): off, a TP step keeps its norm kernels; unreported (None),
+    m2live's default for the GPU."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationConfig, PassConfig
+
+    from m2live import Step, get_model
+    from m2live.config import M2liveConfig
+    from m2live.hardware import get_gpu
+    from m2live.live.device import Device, EngineInfo, build_predictor
+    from vllm_hooks.adapter import allreduce_fusion
+
+    def switch(value):
+        return allreduce_fusion(SimpleNamespace(compilation_config=CompilationConfig(
+            pass_config=PassConfig(fuse_allreduce_rms=value))))
+
+    assert (switch(True), switch(False), switch(None)) == (True, False, None)
+    shape = get_model("meta-llama/Llama-3.1-70B")
+    dev = Device(spec=get_gpu("h100-sxm"), sampler=None, clock_source_name="forecast", clock_why="test")
+    steps = {}
+    for value in (True, False, None):
+        info = EngineInfo(model_shape=shape, tp=8, device="cuda", allreduce_fusion=switch(value))
+        pred, _ = build_predictor(M2liveConfig(), info, shape, dev, "0")
+        steps[value] = pred.predict(Step.build(decodes=[1000] * 8), f_clk=1.0).total_s
+    assert steps[False] > steps[True] == steps[None]

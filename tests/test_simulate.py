@@ -338,6 +338,40 @@ def test_async_scheduling_switch_cli_and_batch(tmp_path, capsys):
     assert float(rows[1]["tpot_ms"]) == pytest.approx(res["on"]["tpot_ms"], rel=1e-3)
 
 
+def test_allreduce_fusion_switch_cli_and_batch(tmp_path, capsys):
+    """--allreduce-fusion off (a server without vLLM's all-reduce + RMSNorm fusion, or a vLLM before 0.16) prices
+    the two norm kernels a layer the fusion removes from small TP steps: TPOT grows; auto is on for an H100 at
+    TP 4 (2 MiB: 256 tokens of Llama-3.1-8B) and says so; at TP 1 the switch changes nothing; the batch column
+    sets it per row, a bad cell names its row."""
+    import csv
+    import json
+
+    res = {}
+    for tp in ("1", "4"):
+        for mode in ("auto", "off"):
+            assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--tp", tp, "--isl", "512", "--osl", "64",
+                         "--concurrency", "8", "--json", "--allreduce-fusion", mode]) == 0
+            res[tp, mode] = json.loads(capsys.readouterr().out)
+    assert res["4", "auto"]["assumptions"]["allreduce_rms_fusion_max_tokens"] == 256
+    assert res["4", "off"]["assumptions"]["allreduce_rms_fusion_max_tokens"] == 0
+    assert res["4", "off"]["tpot_ms"] > 1.02 * res["4", "auto"]["tpot_ms"]
+    assert res["1", "off"]["tpot_ms"] == res["1", "auto"]["tpot_ms"]
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,allreduce_fusion\n"
+                   f"{L8},h100-sxm,4,512,64,8,bf16,off\n{L8},h100-sxm,4,512,64,8,bf16,\n")
+    out = tmp_path / "out.csv"
+    assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert float(rows[0]["tpot_ms"]) == pytest.approx(res["4", "off"]["tpot_ms"], rel=1e-3)
+    assert float(rows[1]["tpot_ms"]) == pytest.approx(res["4", "auto"]["tpot_ms"], rel=1e-3)
+    capsys.readouterr()
+    src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision,allreduce_fusion\n{L8},h100-sxm,4,64,8,2,bf16,yes "
+                   "please\n")
+    assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in.csv:2: allreduce_fusion" in err[0], err
+
+
 @pytest.mark.parametrize("row, msg", [
     (f"{L8},h100-sxm,1,1024,128,16,bf16,maybe", "in.csv:3: async_scheduling"),
     (f"{L8},h100-sxm,1,1024,x,16,bf16,", "in.csv:3: osl"),

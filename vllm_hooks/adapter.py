@@ -108,4 +108,17 @@ def engine_info(vllm_config: Any) -> EngineInfo:
     return EngineInfo(model_shape=shape, model_name=name, tp=int(getattr(pc, "tensor_parallel_size", 1) or 1),
                       engine_index=int(index), device=device,
                       local_rank=int(getattr(pc, "data_parallel_rank_local", None) or 0),
-                      max_num_batched_tokens=int(sc.max_num_batched_tokens), max_num_seqs=int(sc.max_num_seqs))
+                      max_num_batched_tokens=int(sc.max_num_batched_tokens), max_num_seqs=int(sc.max_num_seqs),
+                      allreduce_fusion=allreduce_fusion(vllm_config))
+
+
+def allreduce_fusion(vllm_config: Any) -> bool | None:
+    """The engine's all-reduce + RMSNorm fusion switch (``compilation_config.pass_config.fuse_allreduce_rms``,
+    ``enable_fi_allreduce_fusion`` before vLLM 0.12), resolved by its optimization level; None where this vLLM
+    has neither."""
+    pc = getattr(getattr(vllm_config, "compilation_config", None), "pass_config", None)
+    for name in ("fuse_allreduce_rms", "enable_fi_allreduce_fusion"):
+        v = getattr(pc, name, None)
+        if isinstance(v, bool):
+            return v
+    return None

@@ -17,7 +17,7 @@ import json
 from rich.console import Console
 
 from ..planner import PlanError, rank, validate_opbench
-from ..serving_config import ASYNC_CHOICES
+from ..serving_config import SWITCH_CHOICES
 from ..workload import parse_workload
 from .rank_args import nonneg_int, parse_gpus, parse_tp_list, plan_config, png_path
 from .rank_output import json_default, plot_ranking, plot_validation, print_ranking, print_validation
@@ -38,9 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; "
                         "attention and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded)")
-    p.add_argument("--async-scheduling", default="auto", choices=ASYNC_CHOICES,
+    p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "
                         "GPUs), on, or off (a server started without it)")
+    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
+                   help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism: auto (default: vLLM's "
+                        "default since 0.16, on for Hopper and Blackwell data-centre GPUs over NVLink), on, or off "
+                        "(a server without it, or an older vLLM)")
     p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")
     p.add_argument("--max-batched-tokens", default="8192", help="vLLM max_num_batched_tokens (default 8192)")
     p.add_argument("--top", default="0", help="show only the best N layouts in the table (default: all)")

@@ -8,7 +8,7 @@ import re
 
 from ..hardware import all_gpus, get_gpu
 from ..planner import PlanConfig, PlanError
-from ..serving_config import parse_async_scheduling
+from ..serving_config import parse_switch
 from ..validate import positive_float
 
 
@@ -93,7 +93,8 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
                       max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
                       constants=calibrated_constants(args.calibration, gpus), precision=args.precision,
-                      async_scheduling=parse_async_scheduling(args.async_scheduling, "--async-scheduling"))
+                      async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
+                      allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
 
 
 def png_path(text: str | None) -> str | None:

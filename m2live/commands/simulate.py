@@ -15,7 +15,9 @@ refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on
 prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
 CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
 default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
-default); forecast clock; 1 ms client <-> server each way and 1 ms of the API server's serial work per request.
+default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
+steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
+server each way and 1 ms of the API server's serial work per request.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from rich.table import Table
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
-from ..serving_config import ASYNC_CHOICES, parse_async_scheduling
+from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
@@ -49,7 +51,7 @@ from ..simulate import (
 )
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
-BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling")
+BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
@@ -73,10 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
-    p.add_argument("--async-scheduling", default="auto", choices=ASYNC_CHOICES,
+    p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's async scheduling (the next step's host work under this step's device work): auto "
                         "(default: on for GPUs, off for the CPU backend, recent vLLM's defaults), on, or off (a "
                         "server started without it)")
+    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
+                   help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism (FlashInfer's fused kernel, "
+                        "small steps): auto (default: vLLM's default since 0.16, on for Hopper and Blackwell "
+                        "data-centre GPUs over NVLink), on, or off (a server without it, or an older vLLM)")
     p.add_argument("--no-test-run", action="store_true",
                    help="the benchmark sent no untimed test request first (vllm bench serve "
                         "--ready-check-timeout-sec 0) or the server caches no prefixes: the first request's "
@@ -138,7 +144,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = True,
-            async_scheduling: bool | None = None) -> ServingResult:
+            async_scheduling: bool | None = None, allreduce_fusion: bool | None = None) -> ServingResult:
     _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
@@ -148,20 +154,20 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         constants = load_for(calibration, gpu)
     d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
     graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
-    key = (str(model), gpu.name, tp, precision, graphs, calibration)
+    key = (str(model), gpu.name, tp, precision, graphs, calibration, allreduce_fusion)
     pred = _PREDICTORS.get(key)
     if pred is None:
         if len(_PREDICTORS) > 64:
             _PREDICTORS.clear()
         pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, precision, graph_max_tokens=graphs,
-                                                 constants=constants)
+                                                 constants=constants, allreduce_fusion=allreduce_fusion)
     if kv_gib is not None:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
-                        async_scheduling=async_scheduling,
+                        async_scheduling=async_scheduling, allreduce_fusion=allreduce_fusion,
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
@@ -184,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
                 None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
                 args.clock, args.calibration, not args.no_test_run,
-                parse_async_scheduling(args.async_scheduling, "--async-scheduling"))
+                parse_switch(args.async_scheduling, "--async-scheduling"),
+                parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -215,7 +222,10 @@ def print_result(r: ServingResult) -> None:
             f"{a['kv_cache_tokens']:,} tokens" + (f" — {m['note']}" if m.get("note") else ""))
     c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
-            f"{'on' if a['async_scheduling'] else 'off'}, clock {a['clock']}, frontend "
+            f"{'on' if a['async_scheduling'] else 'off'}, "
+            + (f"all-reduce + RMSNorm fusion up to {a['allreduce_rms_fusion_max_tokens']:,} tokens, "
+               if a['tp'] > 1 and a['allreduce_rms_fusion_max_tokens'] else "")
+            + f"clock {a['clock']}, frontend "
             f"{a['frontend_ms_each_way']:g} ms each way, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
 
 
@@ -235,14 +245,16 @@ def run_batch(args: argparse.Namespace) -> int:
         with _row_errors(f"{path}:{n}"):
             parsed.append(_batch_row(row))
     out_rows = []
-    async_flag = parse_async_scheduling(args.async_scheduling, "--async-scheduling")  # a blank cell takes it
+    async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
+    fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
     t0 = time.perf_counter()
-    for n, (row, (fields_, (max_tokens, max_seqs, async_cell))) in enumerate(zip(rows, parsed, strict=True),
-                                                                             start=2):
+    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell))) in enumerate(
+            zip(rows, parsed, strict=True), start=2):
         with _row_errors(f"{path}:{n}"):
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
                         test_run=not args.no_test_run,
-                        async_scheduling=async_flag if async_cell is None else async_cell)
+                        async_scheduling=async_flag if async_cell is None else async_cell,
+                        allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -260,7 +272,8 @@ def run_batch(args: argparse.Namespace) -> int:
 
 def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
-    precision) and the optional (max_num_batched_tokens, max_num_seqs, async_scheduling: blank or auto, on, off).
+    precision) and the optional (max_num_batched_tokens, max_num_seqs; async_scheduling and allreduce_fusion:
+    blank or auto, on, off).
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     precision = _check_precision((row.get("precision") or "bf16").lower())
@@ -271,7 +284,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
-              parse_async_scheduling(row.get("async_scheduling"), "async_scheduling"))
+              parse_switch(row.get("async_scheduling"), "async_scheduling"),
+              parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 

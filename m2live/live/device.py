@@ -36,6 +36,8 @@ class EngineInfo:
     max_num_batched_tokens: int = 0
     max_num_seqs: int = 0
     local_rank: int = 0  # data-parallel rank on this node (picks the GPU whose clock is sampled)
+    # the engine's compilation_config.pass_config.fuse_allreduce_rms (None: not reported, m2live's default)
+    allreduce_fusion: bool | None = None
 
 
 @dataclass
@@ -135,4 +137,5 @@ def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, devi
     """The predictor (a calibration's constants first, then the CPU device's measured ones, then the
     architecture's) and the calibration label."""
     label, calibrated = load_calibration(cfg, device.spec, engine)
-    return Predictor(device.spec, shape, tp=max(1, info.tp), constants=calibrated or device.constants), label
+    return Predictor(device.spec, shape, tp=max(1, info.tp), constants=calibrated or device.constants,
+                     allreduce_fusion=info.allreduce_fusion), label

@@ -37,6 +37,7 @@ class PlanConfig:
     constants: dict[str, ArchConstants] = field(default_factory=dict)  # GPU name -> its calibration's constants
     precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
     async_scheduling: bool | None = None  # vLLM's async scheduling in the simulated serving (None: its default)
+    allreduce_fusion: bool | None = None  # vLLM's all-reduce + RMSNorm fusion under TP (None: its default)
 
     def __post_init__(self) -> None:
         if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):

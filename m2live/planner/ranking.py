@@ -311,6 +311,8 @@ class Ranking:
                 "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": c.reserve_bytes / GIB,
                 "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
                 else c.async_scheduling,
+                "allreduce_fusion": "vLLM's default (on for Hopper and Blackwell data-centre GPUs under TP)"
+                if c.allreduce_fusion is None else c.allreduce_fusion,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",
                 "serving": "throughput, TTFT and TPOT from m2live.simulate (vLLM V1's scheduler, closed loop at "
