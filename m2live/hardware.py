@@ -7,6 +7,11 @@ Every number here is a datasheet (or vendor whitepaper) figure, never a fitted o
   quoted by the vendor at ``tflops_at_mhz``; peak at clock f is ``tflops * f / tflops_at_mhz``.
 - ``mem_bw_gbs`` is the peak DRAM bandwidth in GB/s (1e9 B/s); ``l2_mb`` the L2 cache in MiB.
 - ``interconnect_gbs`` is the per-GPU, per-direction bandwidth to peers in GB/s (NVLink, else PCIe).
+- ``mem_gb`` is the marketed capacity; ``mem_total_mib`` the total the driver reports (``nvidia-smi``'s
+  Memory-Usage total, MiB, read off public nvidia-smi outputs) where known: the marketed "GB" is GiB on most HBM
+  parts (H100 80 GB: 81559 MiB) and 10^9 B on others (B300 288 GB: 275040 MiB), and GDDR6 boards with ECC on
+  give 1/16 of it to the check bits (L40S 48 GB: 46068 MiB). ``mem_bytes`` is what CUDA (and vLLM's memory
+  profiling) sees as the device's total.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class GpuSpec:
     memory: str = "DRAM"  # DRAM technology: HBM2 | HBM2e | HBM3 | HBM3e | GDDR6 | GDDR6X | GDDR7 (datasheets)
     aliases: tuple[str, ...] = ()
     nvml_names: tuple[str, ...] = ()  # other exact NVML strings the same part reports
+    mem_total_mib: float | None = None  # nvidia-smi's memory total (MiB, public outputs); None: unknown
 
     def peak_flops(self, dtype: str = "bf16", clock_mhz: float | None = None) -> float:
         """Dense tensor FLOP/s at ``clock_mhz`` (default: boost)."""
@@ -124,7 +130,18 @@ class GpuSpec:
 
     @property
     def mem_bytes(self) -> float:
+        """Device memory CUDA reports as total (``torch.cuda.mem_get_info()[1]``, what vLLM's
+        ``gpu_memory_utilization`` is a fraction of): nvidia-smi's total less CUDA_RESERVED_MIB; the marketed
+        capacity in 10^9 B where the total is not known."""
+        if self.mem_total_mib:
+            return (self.mem_total_mib - CUDA_RESERVED_MIB) * 2**20
         return self.mem_gb * 1e9
+
+
+# nvidia-smi's total less what CUDA reports as total (MiB): 614 on the H200 the GPU probe ran on (143771 MiB against
+# torch's 150.11e9 B, results/probe/h200-20261204, validation only), ~610 on a public RTX PRO 6000 Server log
+# (97887 MiB, torch 102.0 GB), 717 on a public B200 one (183359 against 182642 MiB)
+CUDA_RESERVED_MIB = 640
 
 
 # fmt: off
@@ -141,7 +158,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-SXM4-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1095, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (A100 40GB SXM: 312 TF dense BF16, 1,555 GB/s, 400 W, NVLink3 600 GB/s "
                "total) + A100 whitepaper (108 SMs, 1410 MHz boost, 40 MB L2); base clock 1095 MHz per "
                "nvidia-smi default application clock",
@@ -150,14 +167,14 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-SXM4-80GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1275, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=2039, mem_gb=80, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM2e", mem_bw_gbs=2039, mem_gb=80, mem_total_mib=81920, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (2021) + A100 whitepaper table 'A100 SXM4 80GB'",
         aliases=("a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100"),
     ),
     GpuSpec(
         name="NVIDIA A100-PCIE-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=765, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A100 datasheet (A100 40GB PCIe: 312 TF dense BF16, 1,555 GB/s, 250 W, PCIe Gen4 "
                "64 GB/s bidirectional; the optional 2-GPU NVLink bridge is not assumed) + A100 whitepaper "
                "(108 SMs, 40 MB L2); base 765 MHz per the board's published clocks",
@@ -166,7 +183,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100 80GB PCIe", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1065, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=1935, mem_gb=80, l2_mb=40, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2e", mem_bw_gbs=1935, mem_gb=80, mem_total_mib=81920, l2_mb=40, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A100 datasheet (A100 80GB PCIe: 312 TF dense BF16, 1,935 GB/s, 300 W, PCIe Gen4 "
                "64 GB/s bidirectional; optional NVLink bridge not assumed) + A100 whitepaper (108 SMs, 40 MB L2)",
         aliases=("a100-pcie", "a100-pcie-80gb", "a100-80gb-pcie"),
@@ -203,7 +220,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA A40", arch="ampere", compute_capability=(8, 6), sms=84,
         base_mhz=1305, boost_mhz=1740, bf16_tflops=149.7, fp16_tflops=149.7, fp8_tflops=None,
         tflops_at_mhz=1740,
-        memory="GDDR6", mem_bw_gbs=696, mem_gb=48, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=696, mem_gb=48, mem_total_mib=46068, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A40 datasheet (BF16 w/ FP32 acc 149.7 | 299.4* TF, 48 GB GDDR6 696 GB/s, 300 W, PCIe "
                "Gen4 64 GB/s; optional NVLink bridge 112.5 GB/s not assumed); GA102 84 SMs, 1305/1740 MHz, "
                "6 MB L2 (149.7 TF = 84 x 1024 x 1740 MHz)",
@@ -213,7 +230,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA L4", arch="ada", compute_capability=(8, 9), sms=58,
         base_mhz=795, boost_mhz=2040, bf16_tflops=121, fp16_tflops=121, fp8_tflops=242.5, tflops_at_mhz=2040,
-        memory="GDDR6", mem_bw_gbs=300, mem_gb=24, l2_mb=48, tdp_w=72, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=300, mem_gb=24, mem_total_mib=23034, l2_mb=48, tdp_w=72, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L4 datasheet (BF16/FP16 242* TF, FP8 485* TF -> dense = sparse/2; 24 GB GDDR6 300 GB/s, "
                "72 W, PCIe Gen4 x16 64 GB/s) + Ada whitepaper (AD104, 58 SMs, 795/2040 MHz, 48 MB L2; "
                "121 TF = 58 x 1024 x 2040 MHz)",
@@ -223,7 +240,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA L40", arch="ada", compute_capability=(8, 9), sms=142,
         base_mhz=735, boost_mhz=2490, bf16_tflops=181.05, fp16_tflops=181.05, fp8_tflops=362.1,
         tflops_at_mhz=2490,
-        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, mem_total_mib=46068, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L40 datasheet (BF16/FP16 181.05 | 362.1* TF, FP8 362 | 724* TF, 48 GB GDDR6 864 GB/s, "
                "300 W, PCIe Gen4; no NVLink); AD102 142 SMs, 735/2490 MHz, 96 MB L2 "
                "(181.05 TF = 142 x 512 x 2490 MHz: fp32-accumulate half rate)",
@@ -233,7 +250,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA L40S", arch="ada", compute_capability=(8, 9), sms=142,
         base_mhz=1110, boost_mhz=2520, bf16_tflops=362.05, fp16_tflops=362.05, fp8_tflops=724.1,
         tflops_at_mhz=2490,
-        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, l2_mb=96, tdp_w=350, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=864, mem_gb=48, mem_total_mib=46068, l2_mb=96, tdp_w=350, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA L40S datasheet (BF16/FP16 362.05 | 733* TF, FP8 733 | 1,466* TF, 48 GB GDDR6 864 GB/s, "
                "350 W, PCIe Gen4 x16 64 GB/s; no NVLink); AD102 142 SMs, 1110/2520 MHz, 96 MB L2. BF16 "
                "362.05 = 142 x 1024 x 2490 MHz, so tflops_at_mhz = 2490; the datasheet FP8 (1,466*/2 = 733) "
@@ -256,7 +273,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 80GB HBM3", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        memory="HBM3", mem_bw_gbs=3350, mem_gb=80, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3", mem_bw_gbs=3350, mem_gb=80, mem_total_mib=81559, l2_mb=50, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = "
                "sparse/2; 80 GB HBM3 3.35 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction) + H100 "
                "whitepaper (132 SMs, 50 MB L2, TFLOP/s at 1830 MHz)",
@@ -266,7 +283,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 PCIe", arch="hopper", compute_capability=(9, 0), sms=114,
         base_mhz=1125, boost_mhz=1755, bf16_tflops=756.5, fp16_tflops=756.5, fp8_tflops=1513,
         tflops_at_mhz=1620,
-        memory="HBM2e", mem_bw_gbs=2000, mem_gb=80, l2_mb=50, tdp_w=350, interconnect="pcie", interconnect_gbs=64,
+        memory="HBM2e", mem_bw_gbs=2000, mem_gb=80, mem_total_mib=81559, l2_mb=50, tdp_w=350, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA H100 datasheet, H100 PCIe column (BF16 1,513* TF, FP8 3,026* TF -> dense = sparse/2; "
                "80 GB HBM2e 2 TB/s, 300-350 W, PCIe Gen5 128 GB/s; optional NVLink bridge not assumed) + H100 "
                "whitepaper (114 SMs, 50 MB L2); 1125/1755 MHz board clocks; tflops_at_mhz derived: "
@@ -288,7 +305,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H200", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1590, boost_mhz=1980, bf16_tflops=989.4, fp16_tflops=989.4, fp8_tflops=1978.9,
         tflops_at_mhz=1830,
-        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=60, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, mem_total_mib=143771, l2_mb=60, tdp_w=700, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = sparse/2; "
                "141 GB HBM3e 4.8 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction); same GH100 SM "
                "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, TF at 1830 MHz); L2 60 MiB: "
@@ -300,7 +317,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H200 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
         tflops_at_mhz=1545,
-        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, l2_mb=60, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
+        memory="HBM3e", mem_bw_gbs=4800, mem_gb=141, mem_total_mib=143771, l2_mb=60, tdp_w=600, interconnect="nvlink", interconnect_gbs=450,
         source="NVIDIA H200 datasheet, H200 NVL column (BF16 1,671* TF, FP8 3,341* TF -> dense = sparse/2; "
                "141 GB HBM3e 4.8 TB/s, up to 600 W, 2-/4-way NVLink bridge 900 GB/s = 450 per direction, PCIe "
                "Gen5 128 GB/s); clocks not published: assumed = H100 NVL (1080/1785 MHz), tflops_at_mhz "
@@ -346,7 +363,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA B200", arch="blackwell", compute_capability=(10, 0), sms=148,
         base_mhz=1665, boost_mhz=1965, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
-        memory="HBM3e", mem_bw_gbs=8000, mem_gb=180, l2_mb=126.5, tdp_w=1000, interconnect="nvlink", interconnect_gbs=900,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=180, mem_total_mib=183359, l2_mb=126.5, tdp_w=1000, interconnect="nvlink", interconnect_gbs=900,
         source="NVIDIA DGX/HGX B200 datasheet per GPU (FP16/BF16 36 PF* and FP8 72 PF* per 8 GPUs -> 2.25 / "
                "4.5 PF dense; 1,440 GB and 64 TB/s per 8 GPUs -> 180 GB, 8 TB/s; 1000 W; NVLink5 1.8 TB/s = 900 "
                "per direction); 148 SMs and 126.5 MiB L2 from the CUDA device properties; 1965 MHz = NVML max "
@@ -357,7 +374,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA B300 SXM6 AC", arch="blackwell", compute_capability=(10, 3), sms=148,
         base_mhz=1665, boost_mhz=2032, bf16_tflops=2250, fp16_tflops=2250, fp8_tflops=4500, tflops_at_mhz=1856,
-        memory="HBM3e", mem_bw_gbs=8000, mem_gb=288, l2_mb=126.5, tdp_w=1100, interconnect="nvlink", interconnect_gbs=900,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=288, mem_total_mib=275040, l2_mb=126.5, tdp_w=1100, interconnect="nvlink", interconnect_gbs=900,
         source="NVIDIA HGX B300 datasheet per GPU (FP16/BF16 2.25 PF dense = 4.5 PF*, FP8 4.5 PF dense = 9 PF*; "
                "288 GB HBM3e 8 TB/s; NVLink5 1.8 TB/s = 900 per direction); 148 SMs (sm_103) and 2032 MHz max "
                "SM clock and 1100 W power cap as nvidia-smi / CUDA report them on HGX B300; L2 and base clock "
@@ -368,7 +385,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="blackwell", compute_capability=(12, 0),
         sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
         tflops_at_mhz=2617,
-        memory="GDDR7", mem_bw_gbs=1597, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1597, mem_gb=96, mem_total_mib=97887, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX PRO 6000 Blackwell Server Edition product page (FP16/BF16 1 PF*, FP8 2 PF*, "
                "96 GB GDDR7 1,597 GB/s, up to 600 W, PCIe Gen5 x16 128 GB/s, no NVLink) + RTX Blackwell "
                "whitepaper (GB202, 188 SMs, 128 MB L2; FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
@@ -380,7 +397,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", arch="blackwell", compute_capability=(12, 0),
         sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
         tflops_at_mhz=2617,
-        memory="GDDR7", mem_bw_gbs=1792, mem_gb=96, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1792, mem_gb=96, mem_total_mib=97887, l2_mb=128, tdp_w=600, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet (24,064 CUDA cores = 188 SMs, "
                "125 TF FP32 and 4000 AI TOPS* at boost, 96 GB GDDR7 512-bit 1,792 GB/s, 600 W, PCIe Gen5 x16, "
                "no NVLink) + RTX Blackwell whitepaper (FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
