@@ -67,8 +67,8 @@ NORM_KERNELS_PER_LAYER = 2  # of those, the fused add+RMSNorm after each tensor-
 # message (tokens x hidden x 2 B) is at most this many MiB — FI_ALLREDUCE_FUSION_MAX_SIZE_MB of
 # vllm/compilation/passes/fusion/allreduce_rms_fusion.py (vLLM 0.32), by capability and TP size; a larger step runs
 # the unfused graph (vLLM compiles both ranges). The fused kernel adds the residual and normalises while the
-# reduced rows are in registers: the layer's two add+RMSNorm kernels (and their passes over the hidden state) go,
-# the all-reduce is priced as before.
+# reduced rows are in registers: the layer's two add+RMSNorm kernels (and their reads of the all-reduced
+# activation) go, the all-reduce is priced as before.
 ALLREDUCE_RMS_FUSION_MAX_MIB: dict[tuple[int, int], dict[int, float]] = {
     (9, 0): {2: 64, 4: 2, 8: 0.5},
     (10, 0): {2: 64, 4: 32, 8: 1, 16: 64},
@@ -138,8 +138,7 @@ class Predictor:
         h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
         # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
-        norm_bytes = d * 2 * 4 * h  # the two add+RMSNorm kernels' share
-        self._light_bytes_per_token = norm_bytes + d * (2 * (m.heads_per_gpu + kv) * hd
+        self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
                                                         + 3 * m.intermediate // tp + 4 * kv * hd)
         self._light_kernels = LIGHT_KERNELS_PER_LAYER
         if m.qk_norm:  # Qwen3: RMSNorm of each q and k head before RoPE (vLLM's q_norm, k_norm): read + write q, k
@@ -160,14 +159,15 @@ class Predictor:
                 quant_kernels = 8
             else:
                 self._light_bytes_per_token += 3 * o_in - fused
-                norm_bytes -= 2 * h  # the norms write their outputs in 1 B
                 quant_kernels = 1
             self._light_kernels += quant_kernels
-        # a step whose all-reduces fuse with the norms after them: those kernels and bytes go (the fused kernel
-        # also quantises its output to e4m3 with a static scale)
+        # a step whose all-reduces fuse with the norms after them: those two kernels go, and of their traffic the
+        # read of the all-reduced activation (the fused kernel holds it in registers); the residual's read and
+        # write and the normalised output (e4m3 under a static scale) it still moves
         self._fusion_max_tokens = int(allreduce_fusion_max_bytes(self.gpu, tp, allreduce_fusion)
                                       // (h * m.dtype_bytes))
-        self._light_fused = (self._light_bytes_per_token - norm_bytes, self._light_kernels - NORM_KERNELS_PER_LAYER)
+        self._light_fused = (self._light_bytes_per_token - NORM_KERNELS_PER_LAYER * h * d,
+                             self._light_kernels - NORM_KERNELS_PER_LAYER)
 
     @classmethod
     def for_gpu(cls, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike = "meta-llama/Llama-3.1-8B",
