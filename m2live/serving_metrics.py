@@ -35,12 +35,14 @@ class ServingResult:
     memory: dict
     steps: dict
     per_request: dict = field(default_factory=dict)  # arrays (ms) when asked for
+    # the benchmark's other statistics over requests: {"ttft_ms" | "tpot_ms" | "e2el_ms": {"median", "p99"}}
+    percentiles: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "output_tokens_per_s": self.output_tokens_per_s, "requests": self.requests,
                 "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
-                "steady_output_tokens_per_s": self.steady_output_tokens_per_s,
+                "steady_output_tokens_per_s": self.steady_output_tokens_per_s, "percentiles": self.percentiles,
                 "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
 
 
@@ -97,10 +99,21 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,
             "frontend_service_ms_per_request": 1e3 * cfg.frontend_service_s,
         },
-        memory=mem, steps=steps)
+        memory=mem, steps=steps,
+        percentiles={name: _median_p99(1e3 * v) for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot),
+                                                                 ("e2el_ms", e2el))})
     if keep:
         res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
     return res
+
+
+def _median_p99(values: np.ndarray) -> dict:
+    """Median and 99th percentile over requests, as ``vllm bench serve`` reports them (numpy's linear
+    interpolation over the requests that have the metric; TPOT needs two output tokens)."""
+    v = values[np.isfinite(values)]
+    if not v.size:
+        return {"median": 0.0, "p99": 0.0}
+    return {"median": float(np.median(v)), "p99": float(np.percentile(v, 99))}
 
 
 def bounds(timer: StepTimer, st: EngineStats) -> dict:

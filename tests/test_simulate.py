@@ -469,3 +469,22 @@ def test_async_scheduling_sees_a_new_request_one_step_later():
         np.testing.assert_allclose(sync.t_first[:2], asyn.t_first[:2])
         assert asyn.t_first[2] - sync.t_first[2] == pytest.approx(1.0)
     np.testing.assert_allclose(run(True, True).t_fin, run(True, False).t_fin)  # fast-forward agrees
+
+
+def test_medians_and_p99_as_the_benchmark_reports_them(capsys):
+    """Besides the means, the medians and 99th percentiles over requests (vllm bench serve's other statistics):
+    ordered, a cold-start burst puts the TTFT p99 well above its median, and the JSON carries them."""
+    import json
+
+    r = simulate(L8, "h100-sxm", 1, 2048, 128, ServingConfig(concurrency=32), keep_requests=True)
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        p = r.percentiles[key]
+        vals = r.per_request[key][np.isfinite(r.per_request[key])]
+        assert vals.min() <= p["median"] <= p["p99"] <= vals.max()
+        assert p["median"] == pytest.approx(float(np.median(vals)))
+    assert r.percentiles["ttft_ms"]["p99"] > 2 * r.percentiles["ttft_ms"]["median"]  # the first wave queues
+    assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "256", "--osl", "16", "--concurrency", "2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["percentiles"]) == {"ttft_ms", "tpot_ms", "e2el_ms"}
+    assert out["percentiles"]["tpot_ms"]["median"] <= out["percentiles"]["tpot_ms"]["p99"]

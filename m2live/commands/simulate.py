@@ -211,6 +211,11 @@ def print_result(r: ServingResult) -> None:
     t.add_row(f"{r.ttft_ms:,.1f}", f"{r.tpot_ms:,.2f}", f"{r.mean_e2el_ms:,.0f}", f"{r.output_tokens_per_s:,.0f}",
               f"{r.duration_s:,.1f}")
     c.print(t)
+    pc = r.percentiles
+    if pc:
+        c.print("median / p99: " + "; ".join(f"{label} {pc[key]['median']:,.{nd}f} / {pc[key]['p99']:,.{nd}f} ms"
+                                              for label, key, nd in (("TTFT", "ttft_ms", 1), ("TPOT", "tpot_ms", 2),
+                                                                     ("E2E", "e2el_ms", 0))))
     c.print(f"steps {s['steps']:,} ({s['prefill_steps']:,} with prefill, {s['prefill_step_time_share']:.0%} of the "
             f"time); {s['mean_tokens_per_step']:.1f} tokens and {s['mean_decodes_per_step']:.1f} decodes per step; "
             f"mean step {s['mean_step_ms']:.2f} ms; at most {s['max_running']} running; "
