@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(g.name, g.arch, str(g.sms), f"{g.boost_mhz:.0f}", f"{g.bf16_tflops:g}",
                   "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}", f"{g.mem_bw_gbs:g}", f"{g.mem_gb:g}",
                   f"{g.mem_bytes / 2**30:.1f}", f"{g.l2_mb:g}", f"{g.tdp_w:g}", f"{g.interconnect} {g.interconnect_gbs:g}", ", ".join(g.aliases))
-    Console(width=200).print(t)
+    Console(width=240).print(t)
     return 0
