@@ -126,3 +126,16 @@ def test_accuracy_floor_on_calibration_gpus(scores, kind):
         max_mape, max_bias = FLOORS[r["gpu"]][kind]
         assert r["mape"] <= max_mape, (r["gpu"], kind, r["mape"])
         assert abs(r["bias"]) < max_bias, (r["gpu"], kind, r["bias"])
+
+
+def test_predict_allreduce_fusion_switch():
+    """A TP 8 decode step of Llama-3.1-70B on H100s runs vLLM's fused all-reduce + RMSNorm by default; off, it pays
+    the norm kernels again; a bad value is one line, exit 2."""
+    args = ("predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-70B", "--tp", "8", "--decode", "1000x8",
+            "--clock", "boost", "--json")
+    on, off = (json.loads(run(*args, "--allreduce-fusion", v).stdout)["total_s"] for v in ("auto", "off"))
+    assert off > on * 1.03
+    table = run(*args[:-1])
+    assert table.returncode == 0 and "fuse_allreduce_rms" in table.stdout
+    bad = run(*args, "--allreduce-fusion", "sometimes")
+    assert bad.returncode == 2 and "--allreduce-fusion" in bad.stderr

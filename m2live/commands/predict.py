@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import limits
 from ..calibrate import load_for
 from ..predictor import Predictor
+from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
 
 _SPEC = re.compile(r"^(\d+)(?:@(\d+))?(?:x(\d+))?$")
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: "
                         "the fp8 tensor peak, 1 byte per weight, the input quantisation as a light op; "
                         "attention, the KV cache and the LM head stay bf16)")
+    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
+                   help="vLLM's all-reduce + RMSNorm fusion under TP: auto (default: vLLM's default since 0.16, on "
+                        "for Hopper and Blackwell data-centre GPUs over NVLink on steps small enough), on, or off")
     p.add_argument("--json", action="store_true")
 
 
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu),
-                          dtype=args.precision)
+                          dtype=args.precision,
+                          allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if clock_mhz is not None:
         r = p.predict(step, clock_mhz=clock_mhz)
     else:
@@ -114,5 +119,7 @@ def run(args: argparse.Namespace) -> int:
     t.add_row("step total", f"{r.total_s * 1e3:.3f}", "100%", "", "", "", "", "")
     c.print(t)
     c.print(f"f_clk = {r.f_clk:.3f} ({r.clock_mhz:.0f} of {p.gpu.boost_mhz:.0f} MHz, {r.clock_source}); "
-            f"T_blocks = {r.t_blocks * 1e3:.3f} ms")
+            f"T_blocks = {r.t_blocks * 1e3:.3f} ms"
+            + ("; all-reduces fused with the RMSNorms after them (vLLM's fuse_allreduce_rms)"
+               if p.tp > 1 and step.num_tokens <= p.fusion_max_tokens else ""))
     return 0
