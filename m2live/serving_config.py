@@ -95,10 +95,11 @@ class ServingConfig:
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
-    # vllm bench serve sends the first request's prompt once before the timed run ("initial single prompt test
-    # run", benchmarks/serve.py), and vLLM V1 caches prefixes by default: the first timed request finds its
-    # prompt's full blocks cached and prefills only the rest (at least its last token). Off: no such run.
-    test_run_cached: bool = True
+    # vllm bench serve sends the first request's prompt before the timed run when asked — its initial test run
+    # (--ready-check-timeout-sec > 0; older releases always sent it) or --num-warmups copies of it — and vLLM V1
+    # caches prefixes by default: the first timed request then finds its prompt's full blocks cached and prefills
+    # only the rest (at least its last token). Off (vLLM 0.32's benchmark defaults): no such request.
+    test_run_cached: bool = False
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",

@@ -4,8 +4,8 @@ What is simulated is what ``vllm.benchmarks.serve`` measures against an OpenAI s
 ``concurrency`` requests in flight (``--max-concurrency C --request-rate inf``: all C sent at once, each
 finished request replaced by the next at once), ``num_prompts`` requests in all (default 10 x C, the
 convention of public serving sweeps), each with a fixed or listed prompt and output length (ignore-EOS), no
-prefix-cache hits but one: the benchmark's untimed test run sends the first request's prompt before the timed run,
-so that request finds its prompt's full KV blocks cached (``ServingConfig.test_run_cached``). The benchmark's
+no prefix-cache hits (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or warm-ups send
+the first request's prompt before the timed run, and that request finds its prompt's full KV blocks cached). The benchmark's
 metrics are means over all requests, cold start included:
 
 - TTFT = first token seen by the client - request sent;

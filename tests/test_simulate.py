@@ -186,7 +186,7 @@ def test_the_test_runs_prompt_is_a_prefix_cache_hit_as_in_vllm(vllm_available, p
 
 
 def test_the_test_runs_cache_hit_shortens_the_first_ttft_only():
-    cfg = ServingConfig(concurrency=1, num_prompts=4)
+    cfg = ServingConfig(concurrency=1, num_prompts=4, test_run_cached=True)
     hit = simulate(L8, "h100-sxm", 1, 4096, 32, cfg, keep_requests=True)
     cold = simulate(L8, "h100-sxm", 1, 4096, 32, replace(cfg, test_run_cached=False), keep_requests=True)
     assert hit.ttft_ms < cold.ttft_ms
@@ -288,11 +288,14 @@ def test_cli_single_and_json(capsys):
     assert rc == 0 and d["ttft_ms"] > 0 and d["tpot_ms"] > 0 and d["output_tokens_per_s"] > 0
     assert d["assumptions"]["max_num_batched_tokens"] == 8192 and d["assumptions"]["num_prompts"] == 80
     assert d["steps"]["steps"] > 64 and 0 < d["steps"]["prefill_token_share"] < 1
-    assert d["assumptions"]["prefix_caching_hits"]  # the benchmark's test run, by default
+    assert d["assumptions"]["prefix_caching_hits"] is False  # vLLM 0.32's benchmark sends no test request
+    rc = main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "64", "--concurrency",
+               "8", "--json", "--test-run"])
+    hit = json.loads(capsys.readouterr().out)
+    assert rc == 0 and hit["assumptions"]["prefix_caching_hits"] and hit["ttft_ms"] < d["ttft_ms"]
     rc = main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "64", "--concurrency",
                "8", "--json", "--no-test-run"])
-    cold = json.loads(capsys.readouterr().out)
-    assert rc == 0 and cold["assumptions"]["prefix_caching_hits"] is False and cold["ttft_ms"] > d["ttft_ms"]
+    assert rc == 0 and json.loads(capsys.readouterr().out)["ttft_ms"] == d["ttft_ms"]
 
 
 def test_batch_csv_roundtrip(tmp_path, capsys):

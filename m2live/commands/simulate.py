@@ -83,10 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism (FlashInfer's fused kernel, "
                         "small steps): auto (default: vLLM's default since 0.16, on for Hopper and Blackwell "
                         "data-centre GPUs over NVLink), on, or off (a server without it, or an older vLLM)")
-    p.add_argument("--no-test-run", action="store_true",
-                   help="the benchmark sent no untimed test request first (vllm bench serve "
-                        "--ready-check-timeout-sec 0) or the server caches no prefixes: the first request's "
-                        "prompt is not in the prefix cache (default: it is)")
+    run = p.add_mutually_exclusive_group()
+    run.add_argument("--test-run", action="store_true",
+                     help="the benchmark sent the first request's prompt before the timed run (vllm bench serve "
+                          "--ready-check-timeout-sec > 0, or --num-warmups; older releases always did): it is in "
+                          "the prefix cache")
+    run.add_argument("--no-test-run", action="store_true",
+                     help="no such request, or no prefix caching (the default: vLLM 0.32's benchmark sends none)")
     p.add_argument("--calibration", metavar="CAL.json", help="a GPU calibration from 'm2live calibrate fit'")
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
@@ -143,7 +146,7 @@ def _nonneg_float(text: object, what: str) -> float:
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
-            calibration: str | None = None, test_run: bool = True,
+            calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None) -> ServingResult:
     _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
                 None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
-                args.clock, args.calibration, not args.no_test_run,
+                args.clock, args.calibration, args.test_run,
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if args.json:
@@ -257,7 +260,7 @@ def run_batch(args: argparse.Namespace) -> int:
             zip(rows, parsed, strict=True), start=2):
         with _row_errors(f"{path}:{n}"):
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
-                        test_run=not args.no_test_run,
+                        test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
