@@ -131,10 +131,13 @@ class GpuSpec:
     @property
     def mem_bytes(self) -> float:
         """Device memory CUDA reports as total (``torch.cuda.mem_get_info()[1]``, what vLLM's
-        ``gpu_memory_utilization`` is a fraction of): nvidia-smi's total less CUDA_RESERVED_MIB; the marketed
-        capacity in 10^9 B where the total is not known."""
+        ``gpu_memory_utilization`` is a fraction of): nvidia-smi's total less CUDA_RESERVED_MIB. Where the total is
+        not known, the marketed capacity: in GiB on an HBM part (as on the H100 and H200, whose nvidia-smi totals
+        sit 361 and 613 MiB below it: one more CUDA_RESERVED_MIB off), in 10^9 B on the others."""
         if self.mem_total_mib:
             return (self.mem_total_mib - CUDA_RESERVED_MIB) * 2**20
+        if self.memory.startswith("HBM"):
+            return (self.mem_gb * 1024 - 2 * CUDA_RESERVED_MIB) * 2**20
         return self.mem_gb * 1e9
 
 
@@ -200,7 +203,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A10G", arch="ampere", compute_capability=(8, 6), sms=80,
         base_mhz=885, boost_mhz=1710, bf16_tflops=70, fp16_tflops=70, fp8_tflops=None, tflops_at_mhz=1710,
-        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, mem_total_mib=23028, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
         source="AWS EC2 G5 (A10G: 80 RT cores = 80 SMs, 24 GB GDDR6, 600 GB/s; nvidia-smi power cap 300 W); "
                "NVIDIA publishes no A10G datasheet: dense BF16 70 TF derived = 80 SMs x 512 FLOP/clk (GA102 "
                "fp32-accumulate rate, as third-party A10G spec sheets list 70 TF) x 1710 MHz boost; base "
@@ -261,7 +264,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GeForce RTX 4090", arch="ada", compute_capability=(8, 9), sms=128,
         base_mhz=2235, boost_mhz=2520, bf16_tflops=165.2, fp16_tflops=165.2, fp8_tflops=330.3,
         tflops_at_mhz=2520,
-        memory="GDDR6X", mem_bw_gbs=1008, mem_gb=24, l2_mb=72, tdp_w=450, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6X", mem_bw_gbs=1008, mem_gb=24, mem_total_mib=24564, l2_mb=72, tdp_w=450, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column: FP16/BF16 tensor with FP32 "
                "accumulate 165.2 | 330.4* TF, FP8 with FP32 accumulate 330.3 | 660.6* TF (fp16-accumulate "
                "rates are 2x; cuBLAS bf16/fp8 GEMMs accumulate in fp32), 128 SMs, 2235/2520 MHz, 72 MB L2, "
@@ -294,7 +297,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA H100 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
         base_mhz=1080, boost_mhz=1785, bf16_tflops=835.5, fp16_tflops=835.5, fp8_tflops=1670.5,
         tflops_at_mhz=1545,
-        memory="HBM3", mem_bw_gbs=3900, mem_gb=94, l2_mb=50, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM3", mem_bw_gbs=3900, mem_gb=94, mem_total_mib=95830, l2_mb=50, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA H100 datasheet, H100 NVL column (per GPU: BF16 1,671* TF, FP8 3,341* TF -> dense = "
                "sparse/2; 94 GB HBM3 3.9 TB/s, 350-400 W, NVLink bridge 600 GB/s = 300 per direction, PCIe "
                "Gen5 128 GB/s); 132 SMs, 1080/1785 MHz board clocks; tflops_at_mhz derived: "
@@ -408,7 +411,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         name="NVIDIA GeForce RTX 5090", arch="blackwell", compute_capability=(12, 0), sms=170,
         base_mhz=2017, boost_mhz=2407, bf16_tflops=209.5, fp16_tflops=209.5, fp8_tflops=419,
         tflops_at_mhz=2407,
-        memory="GDDR7", mem_bw_gbs=1792, mem_gb=32, l2_mb=96, tdp_w=575, interconnect="pcie", interconnect_gbs=64,
+        memory="GDDR7", mem_bw_gbs=1792, mem_gb=32, mem_total_mib=32607, l2_mb=96, tdp_w=575, interconnect="pcie", interconnect_gbs=64,
         source="NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column (170 SMs, 2017/2407 MHz, "
                "96 MB L2, 32 GB GDDR7 1,792 GB/s, 575 W, PCIe Gen5, no NVLink): FP16/BF16 tensor with FP32 "
                "accumulate 209.5 | 419* TF, FP8 with FP32 accumulate 419 | 838* TF (fp16-accumulate rates 2x; "
