@@ -58,8 +58,11 @@ class HostConstants:
 
 GEMM_KERNELS_PER_LAYER = 4  # qkv, o, gate_up, down
 ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
-LIGHT_KERNELS_PER_LAYER = 5  # 2 fused add+RMSNorm, RoPE, SiLU*mul, residual add
-NORM_KERNELS_PER_LAYER = 2  # of those, the fused add+RMSNorm after each tensor-parallel all-reduce
+# vLLM 0.32 on CUDA compiles the layer with Inductor and its norms, RoPE and activation native (custom ops off,
+# platforms/cuda.py get_default_ir_op_priority: "native" when compiling): a reduction kernel per residual add +
+# RMSNorm, one per RoPE of q and of k (different shapes), one for SiLU*mul
+LIGHT_KERNELS_PER_LAYER = 5
+NORM_KERNELS_PER_LAYER = 2  # of those, the add+RMSNorm after each tensor-parallel all-reduce
 
 # vLLM's all-reduce + RMSNorm fusion (PassConfig.fuse_allreduce_rms, FlashInfer's TRT-LLM fused all-reduce kernel):
 # on by default at -O2 (the API server's level) for TP > 1 on compute capability 9.0 and the 10.x family
