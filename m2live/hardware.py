@@ -141,6 +141,19 @@ class GpuSpec:
         return self.mem_gb * 1e9
 
 
+# GPUs one tensor-parallel group spans at most in m2live: an HGX / DGX board's NVLink domain (8), or a server's PCIe
+# GPUs; a larger TP reaches across nodes (InfiniBand, ~50 GB/s a GPU), whose all-reduces m2live does not model
+MAX_TP_IN_NODE = 8
+
+
+def tp_beyond_node(gpu: GpuSpec, tp: int) -> str:
+    """Why ``tp`` GPUs of ``gpu`` are beyond what m2live models ('' when they are not)."""
+    if tp > MAX_TP_IN_NODE:
+        return (f"TP={tp} spans more than one node of {MAX_TP_IN_NODE} {gpu.name} GPUs: m2live models all-reduces "
+                f"inside one node's NVLink or PCIe fabric (TP <= {MAX_TP_IN_NODE})")
+    return ""
+
+
 # nvidia-smi's total less what CUDA reports as total (MiB): 614 on the H200 the GPU probe ran on (143771 MiB against
 # torch's 150.11e9 B, results/probe/h200-20261204, validation only), ~610 on a public RTX PRO 6000 Server log
 # (97887 MiB, torch 102.0 GB), 717 on a public B200 one (183359 against 182642 MiB)

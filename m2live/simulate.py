@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .hardware import GpuSpec, get_gpu
+from .hardware import GpuSpec, get_gpu, tp_beyond_node
 from .predictor import HostConstants, Prediction, Predictor
 from .serving_config import (
     BLOCK_SIZE,
@@ -82,6 +82,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
     if tp > 1 and spec.interconnect == "none":
         raise SimulationError(f"{spec.name} has no GPU interconnect for TP={tp}")
+    if tp_beyond_node(spec, tp):
+        raise SimulationError(tp_beyond_node(spec, tp))
     d_tok, d_seqs = vllm_batch_defaults(spec, tp)
     max_tokens = cfg.max_num_batched_tokens or d_tok
     # vLLM (EngineArgs._set_default_args, SchedulerConfig): a defaulted max_num_seqs is lowered to the token

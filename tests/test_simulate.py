@@ -423,6 +423,8 @@ def test_batch_checks_every_row_before_simulating_any(tmp_path, capsys, monkeypa
     (["--model", L8, "--gpu", "h100-sxm", "--isl", "9" * 24, "--osl", "8", "--concurrency", "2"], "at most"),
     (["--model", L8, "--gpu", "h100-sxm", "--isl", "10", "--osl", "8", "--concurrency", "2",
       "--max-num-batched-tokens", "16", "--max-num-seqs", "32"], "must be at least max_num_seqs"),
+    (["--model", L70, "--gpu", "h100-sxm", "--tp", "16", "--isl", "128", "--osl", "8", "--concurrency", "2"],
+     "spans more than one node"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     rc = main(["simulate", *argv])
@@ -433,6 +435,16 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
 
 
 # ---- m2live rank: its throughput, TTFT and TPOT come from the same simulator ----------------------------------
+def test_rank_excludes_a_tp_beyond_one_node_and_says_why():
+    from m2live.planner.memory import PlanConfig
+    from m2live.planner.ranking import rank
+    from m2live.workload import parse_workload
+
+    r = rank(L70, parse_workload("chat"), ["h100-sxm"], [8, 16], PlanConfig(slo_s=0.08))
+    assert [x.tp for x in r.layouts] == [8]
+    assert [x.tp for x in r.excluded] == [16] and "spans more than one node" in r.excluded[0].reason
+
+
 def test_rank_serves_each_layout_through_the_simulator():
     from m2live.planner import PlanConfig, rank
     from m2live.workload import parse_workload

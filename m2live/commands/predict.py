@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .. import limits
 from ..calibrate import load_for
+from ..hardware import get_gpu, tp_beyond_node
 from ..predictor import Predictor
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
@@ -88,6 +89,9 @@ def build_step(prefills: list[str], decodes: list[str]) -> Step:
 def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
+    beyond = tp_beyond_node(get_gpu(args.gpu), tp)
+    if beyond:
+        raise ValueError(beyond)
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu),
                           dtype=args.precision,

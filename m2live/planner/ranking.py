@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..hardware import GpuSpec, get_gpu
+from ..hardware import GpuSpec, get_gpu, tp_beyond_node
 from ..predictor import Prediction
 from ..shapes import ModelShape, ModelShapeError, get_model
 from ..step import Step
@@ -221,6 +221,8 @@ def _layout_model(gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats
     if tp > 1 and gpu.interconnect == "none":
         return None, LayoutResult(gpu.name, tp, lm.mem, fits=False,
                                   reason=f"{gpu.name} has no GPU interconnect for TP")
+    if tp_beyond_node(gpu, tp):
+        return None, LayoutResult(gpu.name, tp, lm.mem, fits=False, reason=tp_beyond_node(gpu, tp))
     return lm, None
 
 
