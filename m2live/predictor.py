@@ -142,11 +142,12 @@ class Predictor:
         # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
         self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
-                                                        + 3 * m.intermediate // tp + 4 * kv * hd)
+                                           + 3 * m.intermediate // tp + 4 * kv * hd)
         self._light_kernels = LIGHT_KERNELS_PER_LAYER
-        if m.qk_norm:  # Qwen3: RMSNorm of each q and k head before RoPE (vLLM's q_norm, k_norm): read + write q, k
-            self._light_bytes_per_token += d * 2 * (m.heads_per_gpu + kv) * hd
-            self._light_kernels += 2
+        # Qwen3's per-head q and k RMSNorm before RoPE (q_norm, k_norm; ModelShape.qk_norm) costs no kernel and no
+        # pass of its own as vLLM serves it: compiled with the norm native (platforms/cuda.py), Inductor makes each
+        # head's mean square and scaling the prologue of the RoPE kernel that reads q (or k) anyway — a reduction
+        # with its pointwise consumer, the pattern of every RMSNorm kernel (--enforce-eager would run them apart)
         if dtype == "fp8":
             # vLLM quantises each projection's input to e4m3 (QuantFP8) before its scaled-mm. Served, the model runs
             # under torch.compile with custom ops off (vllm/config/vllm.py: "otherwise Inductor handles fusion"):

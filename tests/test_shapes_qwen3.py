@@ -57,19 +57,16 @@ def test_another_unsupported_model_type_is_one_line_error(tmp_path, model_type):
     assert len([x for x in p.stderr.splitlines() if x.strip()]) == 1 and "model_type" in p.stderr
 
 
-def test_qk_norm_is_an_extra_light_op():
+def test_qk_norm_weights_count_and_its_norm_runs_inside_the_rope_kernels():
+    """Qwen3's q_norm / k_norm weights are in the model's bytes; compiled (vLLM's default), each head's norm is the
+    prologue of the RoPE kernel reading that q or k, so the step's times equal those of the same shape without it."""
     q = get_model("Qwen/Qwen3-32B")
     plain = ModelShape(**{**q.__dict__, "qk_norm": False})
     step = Step.build([(1024, 0)], [2000] * 16)
     a = Predictor("h100-sxm", plain, tp=2).predict(step, f_clk=1.0)
     b = Predictor("h100-sxm", q, tp=2).predict(step, f_clk=1.0)
-    assert b.ops["light"] > a.ops["light"]
-    for op in ("qkv", "o", "gate_up", "down", "attn_prefill", "attn_decode", "lm_head"):
+    for op in ("qkv", "o", "gate_up", "down", "attn_prefill", "attn_decode", "light", "lm_head"):
         assert b.ops[op] == a.ops[op], op
-    # bytes: read + write q and k of each token once more, bf16, on the 32 + 4 heads of one of two GPUs
-    extra = 2 * 2 * (32 + 4) * 128 * 1025 * 64
-    assert Predictor("h100-sxm", q, tp=2)._light_bytes_per_token * 1025 * 64 - \
-        Predictor("h100-sxm", plain, tp=2)._light_bytes_per_token * 1025 * 64 == extra
     assert q.weight_bytes() - plain.weight_bytes() == 2 * 64 * 128 * 2  # q_norm, k_norm weights per layer
 
 
