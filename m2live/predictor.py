@@ -58,10 +58,13 @@ class HostConstants:
 
 GEMM_KERNELS_PER_LAYER = 4  # qkv, o, gate_up, down
 ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
-# vLLM 0.32 on CUDA compiles the layer with Inductor and its norms, RoPE and activation native (custom ops off,
+# vLLM 0.32 compiles the layer with Inductor and its norms, RoPE and activation native (custom ops off;
 # platforms/cuda.py get_default_ir_op_priority: "native" when compiling): a reduction kernel per residual add +
-# RMSNorm, one per RoPE of q and of k (different shapes), one for SiLU*mul
-LIGHT_KERNELS_PER_LAYER = 5
+# RMSNorm, RoPE of q and of k, one kernel for SiLU*mul. On GPUs it also turns on Inductor's combo kernels
+# (config/compilation.py, torch >= 2.9: "horizontal fusion, useful for fusing qk-norm and qk-rope when query and key
+# have different shapes"), so q's and k's RoPE are one kernel; the CPU backend has no combo kernels (two).
+LIGHT_KERNELS_PER_LAYER = 4
+LIGHT_KERNELS_PER_LAYER_CPU = 5
 NORM_KERNELS_PER_LAYER = 2  # of those, the add+RMSNorm after each tensor-parallel all-reduce
 
 # vLLM's all-reduce + RMSNorm fusion (PassConfig.fuse_allreduce_rms, FlashInfer's TRT-LLM fused all-reduce kernel):
@@ -143,11 +146,12 @@ class Predictor:
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
         self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
                                            + 3 * m.intermediate // tp + 4 * kv * hd)
-        self._light_kernels = LIGHT_KERNELS_PER_LAYER
+        self._light_kernels = LIGHT_KERNELS_PER_LAYER_CPU if self.gpu.arch == "cpu" else LIGHT_KERNELS_PER_LAYER
         # Qwen3's per-head q and k RMSNorm before RoPE (q_norm, k_norm; ModelShape.qk_norm) costs no kernel and no
         # pass of its own as vLLM serves it: compiled with the norm native (platforms/cuda.py), Inductor makes each
         # head's mean square and scaling the prologue of the RoPE kernel that reads q (or k) anyway — a reduction
-        # with its pointwise consumer, the pattern of every RMSNorm kernel (--enforce-eager would run them apart)
+        # with its pointwise consumer, the pattern of every RMSNorm kernel; vLLM turns on combo kernels for just this
+        # (LIGHT_KERNELS_PER_LAYER). --enforce-eager would run them apart.
         if dtype == "fp8":
             # vLLM quantises each projection's input to e4m3 (QuantFP8) before its scaled-mm. Served, the model runs
             # under torch.compile with custom ops off (vllm/config/vllm.py: "otherwise Inductor handles fusion"):
