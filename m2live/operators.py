@@ -79,8 +79,8 @@ ALLREDUCE_LATENCY_S = {"nvlink": 8e-6, "c2c": 8e-6, "pcie": 20e-6, "none": 20e-6
 # fitted; across their 33 points (16 KiB-128 MiB, TP 2-8) the two paths score 13.6 % where the link-rate ring scored
 # 23.3 % (bias -10 / -11 % against -15 / -31 % on H100 / B300). (The B300 table lists multi-node NVLink kernels
 # too, so it may come from a GB300 NVL72 rack rather than an HGX board; the H100 points alone: bias -15 -> -10 %.)
-# Not modelled: on data-centre Blackwell recent vLLM fuses the all-reduce with the next RMSNorm (FlashInfer's
-# kernel, on by default since early 2026 below per-world-size message limits), which drops that norm's kernel.
+# The all-reduce that vLLM fuses with the next RMSNorm on small steps is priced the same; the norm it absorbs is
+# the predictor's (predictor.allreduce_fusion_max_bytes).
 ALLREDUCE_SM_BUS_BPS = 400e9
 ALLREDUCE_NCCL_LATENCY_S = 20e-6
 ALLREDUCE_NCCL_LINK_SHARE = 0.8

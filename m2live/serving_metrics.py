@@ -93,8 +93,8 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "async_scheduling": async_sched, "preemption": "recompute",
             # vLLM's all-reduce + RMSNorm fusion: the largest step (tokens) that runs it, 0 where it does not
             "allreduce_rms_fusion_max_tokens": timer.pred.fusion_max_tokens,
-            # prefix-cache hits: none between the benchmark's random prompts; the first request's own prompt,
-            # sent once before by the benchmark's untimed test run, unless switched off
+            # prefix-cache hits: none between the benchmark's random prompts; the first request's own prompt when
+            # the benchmark sent it before the timed run (test_run_cached)
             "prefix_caching_hits": "first request (the benchmark's test run)" if cfg.test_run_cached else False,
             "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,
             "frontend_service_ms_per_request": 1e3 * cfg.frontend_service_s,

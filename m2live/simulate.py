@@ -4,9 +4,9 @@ What is simulated is what ``vllm.benchmarks.serve`` measures against an OpenAI s
 ``concurrency`` requests in flight (``--max-concurrency C --request-rate inf``: all C sent at once, each
 finished request replaced by the next at once), ``num_prompts`` requests in all (default 10 x C, the
 convention of public serving sweeps), each with a fixed or listed prompt and output length (ignore-EOS), no
-no prefix-cache hits (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or warm-ups send
-the first request's prompt before the timed run, and that request finds its prompt's full KV blocks cached). The benchmark's
-metrics are means over all requests, cold start included:
+no prefix-cache hits (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or warm-ups
+send the first request's prompt before the timed run, and that request finds its prompt's full KV blocks cached).
+The benchmark's metrics are means over all requests, cold start included:
 
 - TTFT = first token seen by the client - request sent;
 - TPOT = (latency - TTFT) / (output tokens - 1) per request;
@@ -82,8 +82,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
     if tp > 1 and spec.interconnect == "none":
         raise SimulationError(f"{spec.name} has no GPU interconnect for TP={tp}")
-    if tp_beyond_node(spec, tp):
-        raise SimulationError(tp_beyond_node(spec, tp))
+    if beyond := tp_beyond_node(spec, tp):
+        raise SimulationError(beyond)
     d_tok, d_seqs = vllm_batch_defaults(spec, tp)
     max_tokens = cfg.max_num_batched_tokens or d_tok
     # vLLM (EngineArgs._set_default_args, SchedulerConfig): a defaulted max_num_seqs is lowered to the token

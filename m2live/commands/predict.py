@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .. import limits
 from ..calibrate import load_for
-from ..hardware import get_gpu, tp_beyond_node
+from ..hardware import tp_beyond_node
 from ..predictor import Predictor
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
@@ -89,13 +89,12 @@ def build_step(prefills: list[str], decodes: list[str]) -> Step:
 def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
-    beyond = tp_beyond_node(get_gpu(args.gpu), tp)
-    if beyond:
-        raise ValueError(beyond)
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu),
                           dtype=args.precision,
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
+    if beyond := tp_beyond_node(p.gpu, tp):
+        raise ValueError(beyond)
     if clock_mhz is not None:
         r = p.predict(step, clock_mhz=clock_mhz)
     else:
@@ -125,5 +124,5 @@ def run(args: argparse.Namespace) -> int:
     c.print(f"f_clk = {r.f_clk:.3f} ({r.clock_mhz:.0f} of {p.gpu.boost_mhz:.0f} MHz, {r.clock_source}); "
             f"T_blocks = {r.t_blocks * 1e3:.3f} ms"
             + ("; all-reduces fused with the RMSNorms after them (vLLM's fuse_allreduce_rms)"
-               if p.tp > 1 and step.num_tokens <= p.fusion_max_tokens else ""))
+               if step.num_tokens <= p.fusion_max_tokens else ""))
     return 0

@@ -170,7 +170,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
-                        async_scheduling=async_scheduling, allreduce_fusion=allreduce_fusion,
+                        async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
@@ -232,7 +232,7 @@ def print_result(r: ServingResult) -> None:
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
             f"{'on' if a['async_scheduling'] else 'off'}, "
             + (f"all-reduce + RMSNorm fusion up to {a['allreduce_rms_fusion_max_tokens']:,} tokens, "
-               if a['tp'] > 1 and a['allreduce_rms_fusion_max_tokens'] else "")
+               if a['allreduce_rms_fusion_max_tokens'] else "")
             + f"clock {a['clock']}, frontend "
             f"{a['frontend_ms_each_way']:g} ms each way, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
 

@@ -221,8 +221,8 @@ def _layout_model(gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats
     if tp > 1 and gpu.interconnect == "none":
         return None, LayoutResult(gpu.name, tp, lm.mem, fits=False,
                                   reason=f"{gpu.name} has no GPU interconnect for TP")
-    if tp_beyond_node(gpu, tp):
-        return None, LayoutResult(gpu.name, tp, lm.mem, fits=False, reason=tp_beyond_node(gpu, tp))
+    if beyond := tp_beyond_node(gpu, tp):
+        return None, LayoutResult(gpu.name, tp, lm.mem, fits=False, reason=beyond)
     return lm, None
 
 
