@@ -61,6 +61,9 @@ from admission import run_client as run_poisson_client  # noqa: E402
 from m2live.enginelock import engine_lock  # noqa: E402
 
 KV_GIB = 2  # VLLM_CPU_KVCACHE_SPACE
+# the API server's tokenisation of this bench's prompts (the word-level tokenizer of admission.make_model_dir):
+# ~1.1 us per word on this machine (bench/tokenize_cost.py -> results/tokenize_cost.json)
+WORD_LEVEL_TOKENIZE_S = 1.1e-6
 # (concurrency, prompt tokens, output tokens, prompts): closed loop, a few waves each
 CONFIGS = [  # ~50k prompt tokens in all (warm-ups included): prefill runs at ~2.5 ms/token on this box
     (1, 512, 64, 4),
@@ -278,7 +281,8 @@ def score(workdir: Path) -> dict:
                "measured_mean_step_ms": 1e3 * sum(r["measured_s"] for r in steps) / max(1, len(steps)),
                "measured_p99_itl_ms": float(cl.get("p99_itl_ms", float("nan")))}
         cfg = ServingConfig(concurrency=c, num_prompts=n, kv_tokens=int(kv_tokens), block_size=CPU_BLOCK_SIZE,
-                            clock="boost", test_run_cached=True)  # its --num-warmups C send the first prompt
+                            clock="boost", test_run_cached=True,  # its --num-warmups C send the first prompt
+                            tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S)
         replay = _replay(steps)
         for mode, corr in (("raw", None), ("calibrated", correction), ("replayed", replay)):
             sim = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)

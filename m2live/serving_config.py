@@ -20,7 +20,15 @@ CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
 MAX_REQUESTS = 1_000_000  # requests in one simulated benchmark: the engine keeps per-request arrays
 FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
-FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, tokenise, hand to the engine)
+FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, validate, hand to the engine)
+# The API server tokenises each text prompt on one worker thread (vLLM 0.32 renderers/base.py: the renderer's pool
+# has ModelConfig.renderer_num_workers = 1 worker by default), serially with the other requests' tokenisation.
+# Measured (bench/tokenize_cost.py -> results/tokenize_cost.json): a 128k-entry byte-level BPE with Llama 3's split
+# pattern on prompts made as vLLM's random dataset makes them, 1.6 / 2.6 / 3.5 us per token at 1k / 4k / 8k tokens
+# on this project's 2.6 GHz Xeon (~1.1 us even for a word-level tokenizer: most of it is the call's own per-token
+# work); 2.5 us is that range's level. A prior:
+# host-CPU and tokenizer dependent (ServingConfig.tokenize_s_per_token; 0 for prompts sent as token ids).
+TOKENIZE_S_PER_TOKEN = 2.5e-6
 
 
 class SimulationError(ValueError):
@@ -94,6 +102,7 @@ class ServingConfig:
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S
+    tokenize_s_per_token: float = TOKENIZE_S_PER_TOKEN  # the API server's tokenisation, per prompt token (serial)
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
     # vllm bench serve sends the first request's prompt before the timed run when asked — its initial test run
     # (--ready-check-timeout-sec > 0; older releases always sent it) or --num-warmups copies of it — and vLLM V1
@@ -119,7 +128,7 @@ class ServingConfig:
             raise SimulationError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.clock not in ("forecast", "boost"):
             raise SimulationError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
-        for name in ("frontend_s", "frontend_service_s"):
+        for name in ("frontend_s", "frontend_service_s", "tokenize_s_per_token"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise SimulationError(f"{name} must be >= 0, got {v!r}")

@@ -23,7 +23,8 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
 The client (``Engine._send``): ``concurrency`` requests sent at once, each finished request replaced by the next
 at once; the first request's prompt prefix may be in the prefix cache already (``first_cached`` tokens: the
 benchmark's untimed test run sent that prompt before); a request needs ``frontend_s`` between client and engine
-each way and ``frontend_service_s`` of the API server's serial work, so a burst reaches the engine spread out. Runs of pure-decode steps between events (an
+each way and ``frontend_service_s`` + ``tokenize_s_per_token`` x its prompt of the API server's serial work, so
+a burst reaches the engine spread out. Runs of pure-decode steps between events (an
 arrival, a finish, a KV block shortage) are advanced in one go (``Engine._decode_run``): their times are the
 timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
 """
@@ -68,7 +69,7 @@ class Engine:
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
                  frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False,
-                 first_cached: int = 0):
+                 first_cached: int = 0, tokenize_s_per_token: float = 0.0):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -82,6 +83,7 @@ class Engine:
         self.thr = long_prefill_token_threshold
         self.d = frontend_s
         self.service = frontend_service_s
+        self.tokenize = tokenize_s_per_token  # the API server's serial tokenisation, per prompt token
         self._frontend_free = 0.0  # when the API server is done with the requests handed to it so far
         self.async_scheduling = async_scheduling
         self.last_start = 0.0  # start of the step running now (async: when the next step was scheduled)
@@ -111,9 +113,11 @@ class Engine:
             i = self.sent
             self.sent += 1
             self.t_send[i] = t
-            # the API server handles requests one at a time: a burst reaches the engine spread out, and an idle
-            # engine starts a step with the first one alone
-            self._frontend_free = max(self._frontend_free, t + self.d) + self.service
+            # the API server handles requests one at a time (its fixed work, then the prompt's tokenisation on its
+            # one tokenizer thread): a burst reaches the engine spread out, and an idle engine starts a step with
+            # the first one alone
+            self._frontend_free = max(self._frontend_free, t + self.d) + self.service + \
+                self.tokenize * float(self.prompt[i])
             heapq.heappush(self.arrivals, (self._frontend_free, i))
 
     def _arrive(self) -> None:

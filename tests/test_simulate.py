@@ -503,3 +503,40 @@ def test_medians_and_p99_as_the_benchmark_reports_them(capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["percentiles"]) == {"ttft_ms", "tpot_ms", "e2el_ms"}
     assert out["percentiles"]["tpot_ms"]["median"] <= out["percentiles"]["tpot_ms"]["p99"]
+
+
+def test_the_api_server_tokenises_prompts_one_after_another():
+    """A burst reaches the engine spaced by the API server's serial work: its fixed part plus the prompt's
+    tokenisation (per token), so a longer prompt delays every request behind it; an idle engine starts with the
+    first arrival alone."""
+    def arrivals(tokenize: float, prompts: list[int]) -> list[float]:
+        eng = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array([4] * len(prompts)), len(prompts), 4096,
+                     8, 1000, frontend_s=0.5, frontend_service_s=0.25, tokenize_s_per_token=tokenize)
+        for _ in prompts:
+            eng._send(0.0)
+        return sorted(t for t, _ in eng.arrivals)
+
+    np.testing.assert_allclose(arrivals(0.0, [100, 400, 100]), [0.75, 1.0, 1.25])
+    np.testing.assert_allclose(arrivals(1e-3, [100, 400, 100]), [0.85, 1.5, 1.85])
+
+
+def test_tokenisation_adds_to_ttft_in_proportion_to_the_prompt(capsys):
+    """One request at a time: TTFT grows by exactly the prompt's tokenisation (the step times are the same);
+    TPOT does not move. The CLI takes it in us per token and reports it among the assumptions."""
+    import json
+
+    def one(isl: int, tok: float):
+        return simulate(L8, "h100-sxm", 1, isl, 64, ServingConfig(concurrency=1, num_prompts=3,
+                                                                   tokenize_s_per_token=tok))
+
+    for isl in (1024, 8192):
+        base, slow = one(isl, 0.0), one(isl, 4e-6)
+        assert slow.ttft_ms - base.ttft_ms == pytest.approx(isl * 4e-3, rel=1e-6)
+        assert slow.tpot_ms == pytest.approx(base.tpot_ms)
+    assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "2048", "--osl", "32", "--concurrency",
+                 "1", "--num-prompts", "2", "--tokenize-us", "3", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["assumptions"]["tokenize_us_per_prompt_token"] == pytest.approx(3.0)
+    assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "64", "--osl", "8", "--concurrency",
+                 "1", "--tokenize-us", "-1"]) == 2
+    assert "--tokenize-us" in capsys.readouterr().err

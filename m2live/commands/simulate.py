@@ -73,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gib", help="KV-cache size in GiB (default: what the GPU's memory leaves; on the "
                                           "CPU device give VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
+    p.add_argument("--tokenize-us", help="the API server's tokenisation per prompt token, us, serial over requests "
+                                         "(default 2.5, measured: results/tokenize_cost.json; 0 for prompts sent "
+                                         "as token ids)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
     p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
@@ -147,7 +150,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = False,
-            async_scheduling: bool | None = None, allreduce_fusion: bool | None = None) -> ServingResult:
+            async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
+            tokenize_us: float | None = None) -> ServingResult:
     _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
@@ -171,7 +175,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
                         async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
-                        **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}))
+                        **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
+                        **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}))
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
 
@@ -194,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
                 None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
                 args.clock, args.calibration, args.test_run,
                 parse_switch(args.async_scheduling, "--async-scheduling"),
-                parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
+                parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
+                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -234,7 +240,8 @@ def print_result(r: ServingResult) -> None:
             + (f"all-reduce + RMSNorm fusion up to {a['allreduce_rms_fusion_max_tokens']:,} tokens, "
                if a['allreduce_rms_fusion_max_tokens'] else "")
             + f"clock {a['clock']}, frontend "
-            f"{a['frontend_ms_each_way']:g} ms each way, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
+            f"{a['frontend_ms_each_way']:g} ms each way, tokenisation {a['tokenize_us_per_prompt_token']:g} us per "
+            f"prompt token, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -255,6 +262,7 @@ def run_batch(args: argparse.Namespace) -> int:
     out_rows = []
     async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
+    tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
     t0 = time.perf_counter()
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
@@ -262,7 +270,8 @@ def run_batch(args: argparse.Namespace) -> int:
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
-                        allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell)
+                        allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
+                        tokenize_us=tokenize_us)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
