@@ -59,13 +59,15 @@ class StepTimer:
         return BatchStep(list(prefills), decs)
 
     def __call__(self, prefills: tuple[tuple[int, int], ...], n_dec: int, dec_ctx: int) -> float:
-        # decode contexts bucketed to 1/256 of their mean (< 0.5 % of the attention time): keeps the cache small
+        # decode contexts bucketed to 1/256 of their mean (< 0.5 % of the attention time): keeps the cache small.
+        # The key is the bucket's midpoint itself: the bucket width grows with the context, so a bucket's index
+        # alone would name different contexts at different widths
         q = max(1, (dec_ctx // max(1, n_dec)) // 256) * max(1, n_dec)
-        key = (prefills, n_dec, dec_ctx // q)
+        mid = (dec_ctx // q) * q + q // 2 if n_dec else 0
+        key = (prefills, n_dec, mid)
         t = self._cache.get(key)
         if t is None:
-            t = self._cache[key] = self.time(self.step(prefills, n_dec, (dec_ctx // q) * q + q // 2
-                                                       if n_dec else 0))
+            t = self._cache[key] = self.time(self.step(prefills, n_dec, mid))
         return t
 
     def time(self, step: Step) -> float:

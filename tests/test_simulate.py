@@ -540,3 +540,42 @@ def test_tokenisation_adds_to_ttft_in_proportion_to_the_prompt(capsys):
     assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "64", "--osl", "8", "--concurrency",
                  "1", "--tokenize-us", "-1"]) == 2
     assert "--tokenize-us" in capsys.readouterr().err
+
+
+def test_step_timer_cache_never_answers_for_another_context():
+    """The step-time cache buckets decode contexts by a width that grows with the context: a bucket is named by
+    its midpoint, so a long context never gets the time cached for a short one (36.9k and 64.5k tokens over 32
+    decodes fell in 'bucket 288' at their two widths)."""
+    from m2live.simulate import StepTimer, make_predictor
+
+    timer = StepTimer(make_predictor("b200", L8, 1, "fp8"), "forecast", True)
+    for avg in (1152, 2017, 1117, 3000, 4100, 1500):
+        got = timer((), 32, 32 * avg)
+        want = timer.time(timer.step((), 32, 32 * avg))
+        assert got == pytest.approx(want, rel=0.01), avg
+
+
+def test_fast_forward_matches_step_by_step_with_real_step_times(monkeypatch):
+    """With the predictor's step times (growing with the context), advancing runs of decode steps in one go
+    gives the same TTFT, TPOT and throughput as simulating every step, with and without preemptions."""
+    import m2live.simulate as sim_mod
+
+    def run(ff: bool, kv: int):
+        orig = Engine.__init__
+
+        def init(self, *a, **k):
+            k["fast_forward"] = ff
+            orig(self, *a, **k)
+
+        monkeypatch.setattr(sim_mod.Engine, "__init__", init)
+        r = simulate(L8, "b200", 1, 1024, 2048, ServingConfig(concurrency=32, kv_tokens=kv, num_prompts=64),
+                     precision="fp8")
+        monkeypatch.setattr(sim_mod.Engine, "__init__", orig)
+        return r
+
+    for kv in (200_000, 80_000):
+        ff, step = run(True, kv), run(False, kv)
+        assert step.tpot_ms == pytest.approx(ff.tpot_ms, rel=0.005)
+        assert step.ttft_ms == pytest.approx(ff.ttft_ms, rel=0.005)
+        assert step.output_tokens_per_s == pytest.approx(ff.output_tokens_per_s, rel=0.005)
+    assert run(True, 80_000).steps["preemptions"] > 0
