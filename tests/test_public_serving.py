@@ -20,9 +20,21 @@ def _bench():
 def test_published_gpu_serving_tpot_stays_within_its_floor_and_ttft_is_short_as_reported():
     mod = _bench()
     points = [mod.run_point(p) for p in mod.POINTS]
-    tpot = [abs(r["tpot_error"]) for p in points for r in p["runs"]]
-    ttft = [r["ttft_error"] for p in points for r in p["runs"] if "ttft_error" in r]
+    in_scope = [p for p in points if "scope" not in p]
+    tpot = [abs(r["tpot_error"]) for p in in_scope for r in p["runs"]]
+    ttft = [r["ttft_error"] for p in in_scope for r in p["runs"] if "ttft_error" in r]
     assert len(tpot) == 10 and len(ttft) == 7
     assert sum(tpot) / len(tpot) <= 0.12  # 9.1 % when written (2026-12-05), 9.2 % on the sources' own statistics
     assert sum(e <= 0.15 for e in tpot) >= 8
     assert all(-0.75 < e < 0.0 for e in ttft)  # every published TTFT above the simulation, as the README says
+
+
+def test_the_api_server_bound_run_is_missed_the_way_the_readme_says():
+    """The published burst of 500 requests on a 0.6B model is bound by the API server's own work, which the
+    simulator does not model: it comes out with a TTFT far short and a TPOT far long (the engine in the simulation
+    gets every request at once). A change that closes this should come with the API server's model."""
+    mod = _bench()
+    out = [mod.run_point(p) for p in mod.POINTS if p.get("scope") == "API-server bound"]
+    assert len(out) == 1
+    (r,) = out[0]["runs"]
+    assert r["ttft_error"] < -0.5 and r["tpot_error"] > 0.5
