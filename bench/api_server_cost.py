@@ -11,7 +11,11 @@ Why it matters, and why the simulator does not model it (README, "The serving si
 Python process; at C requests in flight it streams C tokens per engine step. When that work outlasts a step,
 vLLM's per-request output collectors merge the tokens waiting for a request into one streamed chunk
 (``v1/engine/output_processor.py`` RequestOutputCollector), so the per-chunk share of the cost stops growing; how
-much of it is per chunk, and how fast a GPU host's CPU is, this 2-core machine cannot say.
+much of it is per chunk, and how fast a GPU host's CPU is, this 2-core machine cannot say — except the part no
+merge saves: ``OutputProcessor.process_outputs`` (detokenising each token, the per-request state and stats) runs for
+every token of every step. That part is timed in-process on vLLM's own class (``output_processor`` in the JSON:
+C requests with 512-token prompts, one token each per step, the consumers draining every fourth step), with a
+128k byte-level BPE (``bench/tokenize_cost.py``'s kind) and with the bench's word-level tokenizer.
 
     .venv/bin/python bench/api_server_cost.py --out results/api_server_cost.json     # ~3 min on 2 cores
 """
@@ -61,6 +65,49 @@ def run_client(server: Server, model: Path, dataset: Path, n: int, c: int, out: 
     return json.loads(out.read_text())
 
 
+def output_processor_cost(tok, concurrency: int, steps: int = 200) -> float:
+    """Seconds per token of vLLM's OutputProcessor.process_outputs at ``concurrency`` requests (stats on, deltas
+    streamed, a consumer draining each request every fourth step as a lagging server's merge would)."""
+    import random
+
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+
+    op = OutputProcessor(tok, log_stats=True)
+    queues = []
+    for i in range(concurrency):
+        sp = SamplingParams(max_tokens=1 << 20, ignore_eos=True, output_kind=RequestOutputKind.DELTA, detokenize=True)
+        req = EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=list(range(100, 612)), mm_features=None,
+                                sampling_params=sp, pooling_params=None, arrival_time=time.time(), lora_request=None,
+                                cache_salt=None, data_parallel_rank=None)
+        req.external_req_id = f"r{i}"
+        q = RequestOutputCollector(RequestOutputKind.DELTA, f"r{i}")
+        op.add_request(req, prompt=None, queue=q)
+        queues.append(q)
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    for s in range(steps):
+        op.process_outputs([EngineCoreOutput(request_id=f"r{i}", new_token_ids=[rng.randrange(1000, tok.vocab_size - 10)])
+                            for i in range(concurrency)], engine_core_timestamp=time.monotonic())
+        if s % 4 == 3:
+            for q in queues:
+                q.get_nowait()
+    return (time.perf_counter() - t0) / (steps * concurrency)
+
+
+def output_processor_rows(work: Path) -> list[dict]:
+    from tokenize_cost import train_bpe
+    from transformers import PreTrainedTokenizerFast
+
+    toks = {"word-level (the bench's)": PreTrainedTokenizerFast.from_pretrained(str(work / "model"))}
+    path = train_bpe(work)
+    toks["byte-level BPE, 128k"] = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<|begin_of_text|>",
+                                                          eos_token="<|end_of_text|>")
+    return [{"tokenizer": name, "concurrency": c, "us_per_token": round(output_processor_cost(tok, c) * 1e6, 2)}
+            for name, tok in toks.items() for c in (16, 128)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -95,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                              "api_cpu_ms_per_request": round(per_request * 1e3, 2)})
                 print(f"C={c}: API server {per_token * 1e6:.0f} us of CPU per streamed token, "
                       f"{per_request * 1e3:.2f} ms per request", flush=True)
+        op_rows = output_processor_rows(work)
+        for r in op_rows:
+            print(f"OutputProcessor.process_outputs, {r['tokenizer']}, C={r['concurrency']}: {r['us_per_token']} us "
+                  "per token", flush=True)
     out = {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
            "what": " ".join(__doc__.split("\n\n")[1].split()), "cpu": cpu_name(),
-           "idle_api_cpu_fraction": round(idle, 4), "rows": rows, "seconds": round(time.time() - t_start, 1)}
+           "idle_api_cpu_fraction": round(idle, 4), "rows": rows, "output_processor": op_rows,
+           "seconds": round(time.time() - t_start, 1)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
