@@ -20,7 +20,12 @@ CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
 MAX_REQUESTS = 1_000_000  # requests in one simulated benchmark: the engine keeps per-request arrays
 FRONTEND_S = 1e-3  # prior: client <-> engine one way (HTTP, streaming) per request
-FRONTEND_SERVICE_S = 1e-3  # prior: the API server's serial work per request (parse, validate, hand to the engine)
+# prior: the API server's serial work per request besides tokenising (HTTP, parsing and validating, the hand-off to
+# the engine, the final response), fitted apart from the per-token work by bench/api_server_cost.py on the CPU
+# server: 3.6 / 1.7 ms at 4 / 16 users in one run, 4.5 / 1.3 in another (results/api_server_cost.json), ~3 ms
+# their level; with 1 ms each way it makes the ~6 ms path the CPU serving bench measured at one user (it was
+# 1 ms until 2026-12-05)
+FRONTEND_SERVICE_S = 3e-3
 # The API server tokenises each text prompt on one worker thread (vLLM 0.32 renderers/base.py: the renderer's pool
 # has ModelConfig.renderer_num_workers = 1 worker by default), serially with the other requests' tokenisation.
 # Measured (bench/tokenize_cost.py -> results/tokenize_cost.json): a 128k-entry byte-level BPE with Llama 3's split

@@ -31,10 +31,11 @@ def test_published_gpu_serving_tpot_stays_within_its_floor_and_ttft_is_short_as_
 
 def test_the_api_server_bound_run_is_missed_the_way_the_readme_says():
     """The published burst of 500 requests on a 0.6B model is bound by the API server's own work, which the
-    simulator does not model: it comes out with a TTFT far short and a TPOT far long (the engine in the simulation
-    gets every request at once). A change that closes this should come with the API server's model."""
+    simulator does not model: it comes out with a TTFT far short and a TPOT long (the simulated engine gets the
+    requests faster than the server hands them over). A change that closes this should come with the API server's
+    model."""
     mod = _bench()
     out = [mod.run_point(p) for p in mod.POINTS if p.get("scope") == "API-server bound"]
     assert len(out) == 1
     (r,) = out[0]["runs"]
-    assert r["ttft_error"] < -0.5 and r["tpot_error"] > 0.5
+    assert r["ttft_error"] < -0.5 and r["tpot_error"] > 0.2  # -62 % and +37 % when written (2026-12-05)
