@@ -31,8 +31,8 @@ FRONTEND_SERVICE_S = 3e-3
 # Measured (bench/tokenize_cost.py -> results/tokenize_cost.json): a 128k-entry byte-level BPE with Llama 3's split
 # pattern on prompts made as vLLM's random dataset makes them, 1.6 / 2.6 / 3.5 us per token at 1k / 4k / 8k tokens
 # on this project's 2.6 GHz Xeon (~1.1 us even for a word-level tokenizer: most of it is the call's own per-token
-# work); 2.5 us is that range's level. A prior:
-# host-CPU and tokenizer dependent (ServingConfig.tokenize_s_per_token; 0 for prompts sent as token ids).
+# work); 2.5 us is that range's level. A prior, host-CPU and tokenizer dependent (ServingConfig.tokenize_s_per_token;
+# 0 for prompts sent as token ids).
 TOKENIZE_S_PER_TOKEN = 2.5e-6
 
 

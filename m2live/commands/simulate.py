@@ -241,7 +241,8 @@ def print_result(r: ServingResult) -> None:
                if a['allreduce_rms_fusion_max_tokens'] else "")
             + f"clock {a['clock']}, frontend "
             f"{a['frontend_ms_each_way']:g} ms each way, API server {a['frontend_service_ms_per_request']:g} ms per "
-            f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix-cache hits: {a['prefix_caching_hits'] or 'none'}")
+            f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix-cache hits: "
+            f"{a['prefix_caching_hits'] or 'none'}")
 
 
 def run_batch(args: argparse.Namespace) -> int:
