@@ -509,3 +509,14 @@ class OpModel:
             return lat + wire / link
         own = lat + wire / min(link, ALLREDUCE_SM_BUS_BPS)
         return min(own, ALLREDUCE_NCCL_LATENCY_S + wire / (ALLREDUCE_NCCL_LINK_SHARE * link))
+
+    def allgather(self, nbytes_per_rank: float, tp: int) -> float:
+        """One all-gather of ``nbytes_per_rank`` from each of ``tp`` GPUs through NCCL (vLLM's CudaCommunicator
+        .all_gather runs pynccl): each GPU receives the other (tp - 1) shards — NCCL's start, then
+        ALLREDUCE_NCCL_LINK_SHARE of the link over NVLink; elsewhere a ring at the link's rate."""
+        if tp <= 1:
+            return 0.0
+        wire = (tp - 1) * nbytes_per_rank
+        if self.gpu.interconnect not in ("nvlink", "c2c"):
+            return ALLREDUCE_LATENCY_S.get(self.gpu.interconnect, ALLREDUCE_LATENCY_S["pcie"]) + wire / self.gpu.link_bw
+        return ALLREDUCE_NCCL_LATENCY_S + wire / (ALLREDUCE_NCCL_LINK_SHARE * self.gpu.link_bw)

@@ -68,6 +68,17 @@ ATTN_KERNELS_PER_LAYER = 2  # KV-cache write, attention
 LIGHT_KERNELS_PER_LAYER = 4
 LIGHT_KERNELS_PER_LAYER_CPU = 5
 NORM_KERNELS_PER_LAYER = 2  # of those, the add+RMSNorm after each tensor-parallel all-reduce
+# vLLM's sampler over each sampled sequence's logits (v1/sample/sampler.py), as a served request runs it — random
+# sampling at the temperature and top-p / top-k of the model's generation config, which is what the server applies
+# when the request leaves them unset (vllm bench serve no longer sends temperature 0): the logits cast to fp32 (read
+# 2 B, write 4 B a logit), the temperature divided in place (read and write 4 B), then FlashInfer's top-k/top-p
+# sampler (ops/topk_topp_sampler.py forward_cuda): a softmax (read 4, write 4) and a sampling pass over the
+# probabilities (read 4) — 26 B a logit in four memory-bound kernels. Under tensor parallelism the LM head's vocab
+# shards are first all-gathered (LogitsProcessor._gather_logits, pynccl along the vocab dim, then a copy into place:
+# read and write 2 B a logit).
+SAMPLER_BYTES_PER_LOGIT = 26
+SAMPLER_KERNELS = 4
+GATHER_COPY_BYTES_PER_LOGIT = 4
 
 # vLLM's all-reduce + RMSNorm fusion (PassConfig.fuse_allreduce_rms, FlashInfer's TRT-LLM fused all-reduce kernel):
 # on by default at -O2 (the API server's level) for TP > 1 on compute capability 9.0 and the 10.x family
@@ -120,16 +131,19 @@ class Predictor:
     def __init__(self, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike, tp: int = 1,
                  dtype: str = "bf16", host: HostConstants | None = None,
                  constants: ArchConstants | None = None, act_scale: str = "static",
-                 allreduce_fusion: bool | None = None):
+                 allreduce_fusion: bool | None = None, sampler: bool = True):
         """``dtype``: precision of the four projections' weights ("bf16", or "fp8": vLLM's W8A8 linear layers;
         attention, the KV cache, the LM head and the embeddings stay bf16). ``act_scale`` (fp8 only): "static"
         (the checkpoint's calibrated per-tensor input scales) or "dynamic" (vLLM's default for on-the-fly fp8:
         a max reduction over each projection's input every step before quantising it). ``allreduce_fusion``:
-        vLLM's all-reduce + RMSNorm fusion under TP (``allreduce_fusion_max_bytes``; None: vLLM's default)."""
+        vLLM's all-reduce + RMSNorm fusion under TP (``allreduce_fusion_max_bytes``; None: vLLM's default).
+        ``sampler``: the LM head's logits go through vLLM's sampler (and the vocab gather under TP); False for a
+        model that stops at the logits (the probe's torch decoder)."""
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
         self.dtype = dtype
         self.act_scale = act_scale
+        self.sampler = sampler
         self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants)
         self.gemm_ops = OpModel(self.ops.gpu, dtype="fp8") if dtype == "fp8" else self.ops  # the 4 projections
         self.gpu = self.ops.gpu
@@ -314,9 +328,18 @@ class Predictor:
         return self.ops.allreduce(tokens * self.model.hidden * self.model.dtype_bytes, self.tp)
 
     def t_lm_head(self, sampled: int, f: float) -> OpTime:
-        """The LM head on the sampled tokens (one per sequence)."""
+        """The LM head on the sampled tokens (one per sequence), then its logits to a token: the vocab shards'
+        all-gather under TP and the sampler's passes over the fp32 logits (SAMPLER_BYTES_PER_LOGIT)."""
         n_v, k_v = self._lm_nk
-        return self.ops.gemm(sampled, n_v, k_v, f)
+        g = self.ops.gemm(sampled, n_v, k_v, f)
+        if sampled <= 0 or not self.sampler:
+            return g
+        logits = sampled * self.model.vocab
+        t = g.t + self.ops.elementwise(logits * SAMPLER_BYTES_PER_LOGIT, SAMPLER_KERNELS).t
+        if self.tp > 1:
+            t += self.ops.allgather(sampled * n_v * self.model.dtype_bytes, self.tp)
+            t += self.ops.elementwise(logits * GATHER_COPY_BYTES_PER_LOGIT).t
+        return OpTime(t, g.bound, g.t_compute, g.t_memory, g.factors)
 
     def t_launch(self, tokens: int) -> float:
         """N_kern * T_launch: steps up to graph_max_tokens replay vLLM's piecewise CUDA graph (a piece per layer,

@@ -497,3 +497,28 @@ def test_allreduce_rms_fusion_drops_the_norm_kernels_of_small_tp_steps():
     on, _ = total("a100-sxm4-80gb", 4, 8)
     off, _ = total("a100-sxm4-80gb", 4, 8, fusion=False)
     assert on.total_s == off.total_s
+
+
+def test_the_lm_head_pays_the_sampler_per_logit_and_the_vocab_gather_under_tp():
+    """After the LM head GEMM, vLLM's sampler makes passes over every sampled sequence's fp32 logits (26 B a logit)
+    and, under TP, the vocab shards are all-gathered first: more sequences or a bigger vocabulary never cost less,
+    the extra time is at least those bytes at the datasheet bandwidth, and a TP step's LM head holds NCCL's start."""
+    from dataclasses import replace
+
+    from m2live.predictor import SAMPLER_BYTES_PER_LOGIT
+
+    base = get_model("meta-llama/Llama-3.1-8B")
+    big = replace(base, vocab=2 * base.vocab, name="wide vocabulary")
+    p, q = Predictor("h100-sxm", base), Predictor("h100-sxm", big)
+    bw = p.gpu.mem_bw
+    prev = 0.0
+    for seqs in (1, 16, 128, 512):
+        t = p.t_lm_head(seqs, 1.0).t
+        gemm = p.ops.gemm(seqs, *p._lm_nk, 1.0).t
+        assert t - gemm >= seqs * base.vocab * SAMPLER_BYTES_PER_LOGIT / bw
+        assert t >= prev
+        prev = t
+        assert q.t_lm_head(seqs, 1.0).t > t
+    tp2 = Predictor("h100-sxm", base, tp=2)
+    gemm2 = tp2.ops.gemm(64, *tp2._lm_nk, 1.0).t
+    assert tp2.t_lm_head(64, 1.0).t - gemm2 >= 64 * base.vocab * SAMPLER_BYTES_PER_LOGIT / bw + 20e-6

@@ -170,7 +170,8 @@ def run_steps(env: _Env, plan: ProbePlan, doc: dict, writer: _Writer, say: Calla
               deadline: float | None) -> None:
     """Measure every planned step in its random order (until the deadline), into ``doc["steps"]``."""
     shape = _step_shape(plan)
-    preds = {mode: Predictor(env.spec, shape, host=h) for mode, h in HOSTS.items()}
+    # the torch decoder stops at the logits: no sampler, no vocab gather
+    preds = {mode: Predictor(env.spec, shape, host=h, sampler=False) for mode, h in HOSTS.items()}
     sec = doc["steps"]
     sec.update({"model": shape.name, "layers": plan.step_layers, "modes": list(plan.step_modes),
                 "host_constants": {mode: asdict(h) for mode, h in HOSTS.items() if mode in plan.step_modes},
