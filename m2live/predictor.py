@@ -1,8 +1,8 @@
 """The step equation (the seed's boxed equation), term by term:
 
     T_step   = max(T_blocks, N_kern * T_launch) + alpha * S_n + T_samp
-    T_blocks = N_L * (t_qkv + t_o + t_gate_up + t_down + t_attn_prefill + t_attn_decode + t_light + t_allreduce)
-               + t_lm_head(sampled tokens)
+    T_blocks = N_L * (t_qkv + t_o + t_gate_up + t_down + t_attn_prefill + t_attn_decode + t_light + 2 t_allreduce)
+               + t_allreduce (the embedding's, under TP) + t_lm_head(sampled tokens: GEMM, vocab gather, sampler)
 
 ``Predictor._predict`` computes exactly these terms, each by a named method: ``t_projections``,
 ``t_attention``, ``t_light``, ``t_allreduce``, ``t_lm_head`` (the GPU body, from the operator rooflines in
@@ -251,7 +251,9 @@ class Predictor:
         self.t_projections(step.num_tokens, f, L, rec)  # four GEMMs per layer over every token of the step
         self.t_attention(step, f, L, rec)  # prefill chunks over their context; decodes over their KV cache
         rec.op("light", self.t_light(step.num_tokens), L)  # norms, RoPE, SiLU*mul, residual adds
-        ops["allreduce"] = 2 * L * self.t_allreduce(step.num_tokens)  # two per layer under tensor parallelism
+        # two per layer under tensor parallelism, and one after the vocab-parallel embedding lookup
+        # (VocabParallelEmbedding.forward sums the shards' rows)
+        ops["allreduce"] = (2 * L + 1) * self.t_allreduce(step.num_tokens)
         if breakdown and self.tp > 1:
             bound["allreduce"] = "communication"
         rec.op("lm_head", self.t_lm_head(step.num_seqs, f), 1)  # on the sampled tokens only
