@@ -23,7 +23,6 @@ C requests with 512-token prompts, one token each per step, the consumers draini
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -37,7 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from admission import CLIENT, PY, SERVED_NAME, Policy, Server, make_model_dir  # noqa: E402
 from serving import write_dataset  # noqa: E402
-from tokenize_cost import cpu_name  # noqa: E402
+from tokenize_cost import write_host_result  # noqa: E402
 
 from m2live.enginelock import engine_lock  # noqa: E402
 
@@ -146,13 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in op_rows:
             print(f"OutputProcessor.process_outputs, {r['tokenizer']}, C={r['concurrency']}: {r['us_per_token']} us "
                   "per token", flush=True)
-    out = {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-           "what": " ".join(__doc__.split("\n\n")[1].split()), "cpu": cpu_name(),
-           "idle_api_cpu_fraction": round(idle, 4), "rows": rows, "output_processor": op_rows,
-           "seconds": round(time.time() - t_start, 1)}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_host_result(a.out, __doc__, idle_api_cpu_fraction=round(idle, 4), rows=rows, output_processor=op_rows,
+                      seconds=round(time.time() - t_start, 1))
     return 0
 
 

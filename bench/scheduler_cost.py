@@ -14,8 +14,6 @@ to the API server are not in it. Host-CPU dependent: the JSON names this machine
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import sys
 import time
@@ -26,7 +24,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from tokenize_cost import cpu_name  # noqa: E402
+from tokenize_cost import write_host_result  # noqa: E402
 
 from m2live.predictor import HostConstants  # noqa: E402
 
@@ -73,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"B={r['batch']}: schedule {r['schedule_us']} us, update_from_output {r['update_from_output_us']} us "
               f"a step: {r['us_per_sequence']} us per sequence")
-    out = {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-           "what": " ".join(__doc__.split("\n\n")[1].split()), "cpu": cpu_name(), "rows": rows,
-           "prior_alpha_us": HostConstants().alpha * 1e6}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_host_result(a.out, __doc__, rows=rows, prior_alpha_us=HostConstants().alpha * 1e6)
     return 0
 
 

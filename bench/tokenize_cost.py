@@ -123,6 +123,17 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def write_host_result(path: str, doc: str, **fields: object) -> None:
+    """The host benches' JSON (this one, api_server_cost.py, scheduler_cost.py): when, what (the docstring's
+    second paragraph), this machine's CPU, then ``fields``."""
+    out = {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+           "what": " ".join(doc.split("\n\n")[1].split()), "cpu": cpu_name(), "python": platform.python_version(),
+           **fields}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -137,24 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         bpe_rows = random_dataset_rows(bpe, LENGTHS)
     words = word_level_rows(LENGTHS)
     per_token = [r["ms"] / 1e3 / r["prompt_tokens"] for r in bpe_rows]
-    out = {
-        "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "what": __doc__.split("\n\n")[1].replace("\n", " "),
-        "cpu": cpu_name(), "python": platform.python_version(),
-        "byte_level_bpe_128k_random_dataset": bpe_rows,
-        "word_level_cpu_bench_tokenizer": words,
-        "mean_us_per_token_1k_8k": round(statistics.mean(per_token) * 1e6, 3),
-        "simulator_prior_us_per_token": TOKENIZE_S_PER_TOKEN * 1e6,
-        "seconds": round(time.time() - t0, 1),
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     for r in bpe_rows:
         print(f"BPE 128k, random-dataset prompt of {r['prompt_tokens']:5d} tokens: {r['ms']:7.2f} ms "
               f"({r['us_per_token']:.2f} us/token)")
     for r in words:
         print(f"word-level, {r['prompt_tokens']:5d} words: {r['ms']:7.2f} ms ({r['us_per_token']:.2f} us/token)")
-    print(f"wrote {a.out}")
+    write_host_result(a.out, __doc__, byte_level_bpe_128k_random_dataset=bpe_rows,
+                      word_level_cpu_bench_tokenizer=words,
+                      mean_us_per_token_1k_8k=round(statistics.mean(per_token) * 1e6, 3),
+                      simulator_prior_us_per_token=TOKENIZE_S_PER_TOKEN * 1e6, seconds=round(time.time() - t0, 1))
     return 0
 
 
