@@ -79,12 +79,14 @@ POINTS: list[dict] = [
         "source": "https://github.com/vllm-project/vllm/pull/20759 (baseline rows, 2025-07)",
         "setup": "4x NVIDIA B200 (TP 4), vLLM V1 of mid-2025 (before async scheduling was on by default), "
                  "Llama-3.1-70B-Instruct bf16, --no-enable-prefix-caching; vllm bench serve sonnet (550 in incl. "
-                 "a 200-token prefix, 150 out) at 1 request/s — simulated as one request in flight",
+                 "a 200-token prefix, 150 out) at 1 request/s — simulated as that open loop (Poisson, 200 requests "
+                 "assumed, no concurrency cap; one request in flight before 2026-12-05: TPOT 9.76, TTFT 30.3 ms)",
         "stated": "mean TPOT 12.88 ms, mean TTFT 45.0 ms at QPS 1",
         "gpu": "NVIDIA B200", "model": "meta-llama/Llama-3.1-70B", "tp": 4, "precision": "bf16",
         "isl": 550, "osl": 150, "async": False,
         "allreduce_fusion": False,  # vLLM fuses all-reduce + RMSNorm by default only since 0.16 (Feb 2026)
-        "runs": [(1, 12.88, 45.02)],
+        "request_rate": 1.0, "num_prompts": 200,
+        "runs": [(200, 12.88, 45.02)],
     },
     {
         "source": "https://github.com/ovg-project/kvcached/pull/331 (benchmarks/bench_layout/H100_results.md, "
@@ -107,7 +109,7 @@ def run_point(p: dict) -> dict:
     rows = []
     for c, tpot, ttft in p["runs"]:
         cfg = ServingConfig(concurrency=c, async_scheduling=p["async"], allreduce_fusion=p.get("allreduce_fusion"),
-                            num_prompts=p.get("num_prompts"),
+                            num_prompts=p.get("num_prompts"), request_rate=p.get("request_rate"),
                             gpu_memory_utilization=p.get("gpu_memory_utilization", 0.9))
         r = simulate(p["model"], p["gpu"], p["tp"], p["isl"], p["osl"], cfg, precision=p["precision"])
         # the statistic the source states: medians (p50) where it gives them, else the benchmark's means
@@ -123,7 +125,8 @@ def run_point(p: dict) -> dict:
     model = p["model"].name if isinstance(p["model"], ModelShape) else p["model"]
     return {"source": p["source"], "setup": p["setup"], "stated": p["stated"], "gpu": p["gpu"], "model": model,
             "tp": p["tp"], "precision": p["precision"], "isl": p["isl"], "osl": p["osl"],
-            **({"scope": p["scope"]} if "scope" in p else {}), "runs": rows}
+            **({"scope": p["scope"]} if "scope" in p else {}),
+            **({"request_rate": p["request_rate"]} if "request_rate" in p else {}), "runs": rows}
 
 
 def summarize(points: list[dict]) -> dict:

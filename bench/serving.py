@@ -225,6 +225,46 @@ def _replay(steps: list[dict]):
     return time_of
 
 
+POISSON_SEEDS = 8
+
+
+def _poisson_check(workdir: Path, meta: dict, trace: list[dict], spec, pred, kv_tokens: int, correction) -> dict:
+    """The open loop (simulate's request_rate) against the real server's Poisson calibration run: the same 48
+    requests (lognormal prompts, mixed outputs) at the same rate, no concurrency cap; replayed (that run's own step
+    times: the scheduler and arrivals alone) and calibrated (in-sample here: the correction was trained on these very
+    steps). The benchmark's Poisson draws are its own, so the simulation runs POISSON_SEEDS schedules."""
+    import numpy as np
+
+    from m2live.simulate import CPU_BLOCK_SIZE, ServingConfig, simulate
+
+    t0, t1 = meta["calibration"]
+    steps = [r for r in trace if t0 <= r["time"] <= t1 + 1.0 and r.get("measured_s")
+             and r.get("num_prefill_tokens", 0) + r.get("num_decode_tokens", 0) > 0]
+    reqs = [json.loads(line) for line in (workdir / "calibration.jsonl").read_text().splitlines() if line.strip()]
+    isl = [len(r["prompt"].split()) for r in reqs]
+    osl = [int(r["output_tokens"]) for r in reqs]
+    cl = meta["client_calibration"]
+    meas = {"ttft_ms": float(cl["mean_ttft_ms"]), "median_ttft_ms": float(cl["median_ttft_ms"]),
+            "tpot_ms": float(cl["mean_tpot_ms"])}
+    out: dict = {"requests": len(reqs), "request_rate": CALIBRATION.rate, "seeds": POISSON_SEEDS, "measured": meas}
+    for mode, corr in (("replayed", _replay(steps)), ("calibrated_in_sample", correction)):
+        vals = []
+        for seed in range(POISSON_SEEDS):
+            cfg = ServingConfig(concurrency=len(reqs), num_prompts=len(reqs), kv_tokens=kv_tokens,
+                                block_size=CPU_BLOCK_SIZE, clock="boost", tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S,
+                                request_rate=CALIBRATION.rate, seed=seed)
+            r = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
+            vals.append({"ttft_ms": r.ttft_ms, "median_ttft_ms": r.percentiles["ttft_ms"]["median"],
+                         "tpot_ms": r.tpot_ms})
+        d = {}
+        for k, m in meas.items():
+            v = np.array([x[k] for x in vals])
+            d[k] = {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
+                    "error_of_mean": float(v.mean() / m - 1.0), "measured_within_range": bool(v.min() <= m <= v.max())}
+        out[mode] = d
+    return out
+
+
 def score(workdir: Path) -> dict:
     import numpy as np
 
@@ -296,6 +336,8 @@ def score(workdir: Path) -> dict:
             row[mode] = d
         rows.append(row)
 
+    poisson = _poisson_check(workdir, meta, trace, spec, pred, int(kv_tokens), correction)
+
     def summary(mode: str) -> dict:
         out = {}
         for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
@@ -342,6 +384,7 @@ def score(workdir: Path) -> dict:
                                "on pure decode steps)",
                         "holdout_median_abs_error": holdout, "chosen": chosen, "tracker": st},
         "targets": {"tpot_abs_error": 0.15, "ttft_abs_error": 0.25},
+        "open_loop": poisson,
         "summary": {"raw": summary("raw"), "calibrated": summary("calibrated"), "replayed": summary("replayed")},
         "configurations": rows,
         "server_cmd": meta.get("server_cmd"),
@@ -417,6 +460,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  C={r['concurrency']:>2} I={r['isl']:>4} O={r['osl']:>3}: TTFT {m['ttft_ms']:7.0f} vs "
               f"{c['ttft_ms']:7.0f} (raw {r['raw']['ttft_ms']:7.0f}) ms, TPOT {m['tpot_ms']:6.1f} vs "
               f"{c['tpot_ms']:6.1f} (raw {r['raw']['tpot_ms']:6.1f}) ms")
+    ol = result.get("open_loop")
+    if ol:
+        m, rp = ol["measured"], ol["replayed"]
+        print(f"  open loop ({ol['requests']} requests at {ol['request_rate']:g}/s, replayed, {ol['seeds']} "
+              f"schedules): TTFT {m['ttft_ms']:.0f} vs {rp['ttft_ms']['mean']:.0f} ({rp['ttft_ms']['min']:.0f}-"
+              f"{rp['ttft_ms']['max']:.0f}) ms, median {m['median_ttft_ms']:.0f} vs {rp['median_ttft_ms']['mean']:.0f}, "
+              f"TPOT {m['tpot_ms']:.1f} vs {rp['tpot_ms']['mean']:.1f} ({rp['tpot_ms']['min']:.1f}-"
+              f"{rp['tpot_ms']['max']:.1f}) ms")
     print(f"wrote {a.out}" + ("" if cleanup else f"; raw runs in {workdir}"))
     if cleanup:
         shutil.rmtree(workdir, ignore_errors=True)

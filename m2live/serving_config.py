@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .hardware import GpuSpec
 from .shapes import ModelShape
 
@@ -79,6 +81,14 @@ def vllm_batch_defaults(gpu: GpuSpec, tp: int = 1) -> tuple[int, int]:
     return 2048, 256
 
 
+def send_schedule(n: int, rate: float, seed: int = 0) -> np.ndarray:
+    """When vllm bench serve sends each of ``n`` requests at ``rate`` requests/s (benchmarks/serve.py get_request,
+    burstiness 1): exponential gaps, cumulated, then scaled so the last is sent at n / rate."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
+    t = np.cumsum(gaps)
+    return t * (n / rate) / t[-1]
+
+
 def cuda_graph_capture_max(gpu: GpuSpec, max_num_seqs: int, max_num_batched_tokens: int) -> int:
     """Largest captured CUDA-graph batch (``VllmConfig._set_cudagraph_sizes``): min(2 x max_num_seqs, 512,
     or 1024 on compute capability 10.x), never above the token budget; 0 on the CPU backend (no graphs)."""
@@ -108,6 +118,11 @@ class ServingConfig:
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S
     tokenize_s_per_token: float = TOKENIZE_S_PER_TOKEN  # the API server's tokenisation, per prompt token (serial)
+    # vllm bench serve --request-rate: None (inf) sends every request as soon as one of the ``concurrency`` slots
+    # is free (the closed loop); a rate sends them on its Poisson schedule (exponential gaps, seeded, scaled so
+    # the last is sent at num_prompts / rate, as the benchmark does), ``concurrency`` still capping those in flight
+    request_rate: float | None = None
+    seed: int = 0  # of that schedule
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
     # vllm bench serve sends the first request's prompt before the timed run when asked — its initial test run
     # (--ready-check-timeout-sec > 0; older releases always sent it) or --num-warmups copies of it — and vLLM V1
@@ -127,6 +142,10 @@ class ServingConfig:
         if requests > MAX_REQUESTS:
             raise SimulationError(f"{requests} requests ({'num_prompts' if self.num_prompts else '10 x concurrency'})"
                                   f" is more than the simulator holds (at most {MAX_REQUESTS})")
+        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise SimulationError(f"request_rate must be a positive number of requests/s, got {self.request_rate!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
         if not 0 < self.gpu_memory_utilization <= 1:

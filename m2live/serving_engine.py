@@ -69,7 +69,7 @@ class Engine:
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
                  frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False,
-                 first_cached: int = 0, tokenize_s_per_token: float = 0.0):
+                 first_cached: int = 0, tokenize_s_per_token: float = 0.0, send_at: np.ndarray | None = None):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -84,6 +84,9 @@ class Engine:
         self.d = frontend_s
         self.service = frontend_service_s
         self.tokenize = tokenize_s_per_token  # the API server's serial tokenisation, per prompt token
+        # an open loop (vllm bench serve --request-rate R): request i is sent no earlier than send_at[i], and
+        # no more than ``concurrency`` are in flight (--max-concurrency); None: each as soon as a slot is free
+        self.send_at = None if send_at is None else np.asarray(send_at, dtype=float)
         self._frontend_free = 0.0  # when the API server is done with the requests handed to it so far
         self.async_scheduling = async_scheduling
         self.last_start = 0.0  # start of the step running now (async: when the next step was scheduled)
@@ -112,6 +115,8 @@ class Engine:
         if self.sent < self.n:
             i = self.sent
             self.sent += 1
+            if self.send_at is not None:
+                t = max(t, float(self.send_at[i]))
             self.t_send[i] = t
             # the API server handles requests one at a time (its fixed work, then the prompt's tokenisation on its
             # one tokenizer thread): a burst reaches the engine spread out, and an idle engine starts a step with

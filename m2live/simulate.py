@@ -50,6 +50,7 @@ from .serving_config import (
     cached_prefix,
     cuda_graph_capture_max,
     kv_capacity,
+    send_schedule,
     vllm_batch_defaults,
 )
 from .serving_engine import SEGMENT_SAMPLES, Engine, EngineStats
@@ -115,7 +116,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                  cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s,
                  async_scheduling=async_sched,
                  first_cached=cached_prefix(int(prompts[0]), bs) if cfg.test_run_cached else 0,
-                 tokenize_s_per_token=cfg.tokenize_s_per_token)
+                 tokenize_s_per_token=cfg.tokenize_s_per_token,
+                 send_at=None if cfg.request_rate is None else send_schedule(n, cfg.request_rate, cfg.seed))
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                      kv_tokens, bs, keep_requests)

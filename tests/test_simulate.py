@@ -579,3 +579,49 @@ def test_fast_forward_matches_step_by_step_with_real_step_times(monkeypatch):
         assert step.ttft_ms == pytest.approx(ff.ttft_ms, rel=0.005)
         assert step.output_tokens_per_s == pytest.approx(ff.output_tokens_per_s, rel=0.005)
     assert run(True, 80_000).steps["preemptions"] > 0
+
+
+def test_an_open_loop_sends_on_the_benchmarks_poisson_schedule():
+    """vllm bench serve --request-rate R: exponential gaps, scaled so the last request is sent at n / R; seeded."""
+    from m2live.serving_config import send_schedule
+
+    t = send_schedule(400, 4.0, seed=3)
+    assert np.all(np.diff(t) > 0) and t[-1] == pytest.approx(100.0)
+    assert np.mean(np.diff(t)) == pytest.approx(0.25, rel=0.05)
+    np.testing.assert_array_equal(t, send_schedule(400, 4.0, seed=3))
+    assert not np.array_equal(t, send_schedule(400, 4.0, seed=4))
+
+
+def test_an_open_loop_never_sends_early_nor_more_than_the_cap():
+    """Each request goes out at its scheduled time or when a slot frees, whichever is later, and at most
+    ``concurrency`` are in flight; every request scheduled at 0 is the closed loop itself."""
+    prompts, outputs = [30] * 12, [5, 9, 3, 7, 4, 6, 8, 2, 5, 7, 3, 6]
+    send_at = np.array([0.0, 0.5, 0.7, 3.0, 3.1, 3.2, 9.0, 9.5, 12.0, 12.1, 12.2, 30.0])
+
+    def run(at, c):
+        eng = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), c, 512, 8, 1000,
+                     frontend_s=0.25, send_at=at)
+        eng.run()
+        return eng
+
+    eng = run(send_at, 2)
+    assert np.all(eng.t_send >= send_at - 1e-12)
+    done = eng.t_fin + 0.25  # the client has the last token
+    for t in eng.t_send:
+        assert np.sum((eng.t_send <= t + 1e-12) & (done > t + 1e-12)) <= 2
+    closed, zero = run(None, 3), run(np.zeros(12), 3)
+    np.testing.assert_allclose(zero.t_first, closed.t_first)
+    np.testing.assert_allclose(zero.t_fin, closed.t_fin)
+
+
+def test_a_slow_request_rate_serves_each_request_alone():
+    """At a request rate far below what the engine serves, every request finds the engine idle: its TTFT and TPOT
+    are those of one request at a time; at a rate far above, the cap binds and it is the closed loop."""
+    alone = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=1, num_prompts=8))
+    slow = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=64, num_prompts=8, request_rate=0.001))
+    assert slow.ttft_ms == pytest.approx(alone.ttft_ms, rel=0.01)
+    assert slow.tpot_ms == pytest.approx(alone.tpot_ms, rel=0.01)
+    closed = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=8, num_prompts=64))
+    fast = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=8, num_prompts=64, request_rate=1e6))
+    assert fast.tpot_ms == pytest.approx(closed.tpot_ms, rel=0.02)
+    assert fast.ttft_ms == pytest.approx(closed.ttft_ms, rel=0.05)

@@ -76,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenize-us", help="the API server's tokenisation per prompt token, us, serial over requests "
                                          "(default 2.5, measured: results/tokenize_cost.json; 0 for prompts sent "
                                          "as token ids)")
+    p.add_argument("--request-rate", help="requests/s sent on a Poisson schedule (the benchmark's --request-rate; "
+                                          "--concurrency still caps those in flight); default inf: the closed "
+                                          "loop, each request sent as soon as a slot is free")
+    p.add_argument("--seed", default="0", help="seed of the --request-rate schedule (default 0)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
     p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
@@ -146,12 +150,32 @@ def _nonneg_float(text: object, what: str) -> float:
     return v
 
 
+def _rate(text: str | None) -> float | None:
+    """--request-rate: None or 'inf' (the closed loop), else a positive number of requests/s."""
+    if text is None or str(text).strip().lower() in ("inf", ""):
+        return None
+    v = _nonneg_float(text, "--request-rate")
+    if v <= 0:
+        raise SimulationError(f"--request-rate must be a positive number of requests/s (or inf), got {text!r}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(str(text).strip())
+    except ValueError:
+        raise SimulationError(f"--seed must be a non-negative integer, got {text!r}") from None
+    if v < 0:
+        raise SimulationError(f"--seed must be a non-negative integer, got {text!r}")
+    return v
+
+
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
-            tokenize_us: float | None = None) -> ServingResult:
+            tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0) -> ServingResult:
     _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
@@ -176,7 +200,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
                         async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
-                        **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}))
+                        **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
+                        request_rate=request_rate, seed=seed)
     return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
 
 
@@ -200,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
                 args.clock, args.calibration, args.test_run,
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
-                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"))
+                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
+                _rate(args.request_rate), _seed(args.seed))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -264,6 +290,7 @@ def run_batch(args: argparse.Namespace) -> int:
     async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
     tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
+    rate, seed = _rate(args.request_rate), _seed(args.seed)
     t0 = time.perf_counter()
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
@@ -272,7 +299,7 @@ def run_batch(args: argparse.Namespace) -> int:
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
-                        tokenize_us=tokenize_us)
+                        tokenize_us=tokenize_us, request_rate=rate, seed=seed)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
