@@ -625,3 +625,23 @@ def test_a_slow_request_rate_serves_each_request_alone():
     fast = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=8, num_prompts=64, request_rate=1e6))
     assert fast.tpot_ms == pytest.approx(closed.tpot_ms, rel=0.02)
     assert fast.ttft_ms == pytest.approx(closed.ttft_ms, rel=0.05)
+
+
+def test_batch_request_rate_column_and_flag(tmp_path, capsys):
+    """A batch row's request_rate: blank takes --request-rate, 'inf' is the closed loop, a number its open loop;
+    a bad cell names its row and exits 2."""
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,request_rate\n"
+                   f"{L8},h100-sxm,1,1024,64,16,fp8,0.5\n{L8},h100-sxm,1,1024,64,16,fp8,inf\n"
+                   f"{L8},h100-sxm,1,1024,64,16,fp8,\n")
+    assert main(["simulate", "--batch", str(src), "--request-rate", "0.5"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    open_, closed, flag = (float(r.split(",")[-1]) for r in rows)  # output tokens/s
+    assert open_ == flag and closed > 4 * open_
+    single = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=16, request_rate=0.5), precision="fp8")
+    assert open_ == pytest.approx(single.output_tokens_per_s, rel=1e-3)
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,request_rate\n"
+                   f"{L8},h100-sxm,1,1024,64,16,fp8,0\n")
+    assert main(["simulate", "--batch", str(src)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in.csv:2: request_rate" in err[0], err

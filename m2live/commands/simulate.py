@@ -51,7 +51,7 @@ from ..simulate import (
 )
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
-BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion")
+BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
@@ -150,14 +150,21 @@ def _nonneg_float(text: object, what: str) -> float:
     return v
 
 
-def _rate(text: str | None) -> float | None:
+def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     """--request-rate: None or 'inf' (the closed loop), else a positive number of requests/s."""
     if text is None or str(text).strip().lower() in ("inf", ""):
         return None
-    v = _nonneg_float(text, "--request-rate")
+    v = _nonneg_float(text, what)
     if v <= 0:
-        raise SimulationError(f"--request-rate must be a positive number of requests/s (or inf), got {text!r}")
+        raise SimulationError(f"{what} must be a positive number of requests/s (or inf), got {text!r}")
     return v
+
+
+def _rate_cell(text: str | None) -> float | None:
+    """A batch row's request_rate: blank (None: the --request-rate flag's), inf (the closed loop) or requests/s."""
+    if text is None or not str(text).strip():
+        return None
+    return math.inf if str(text).strip().lower() == "inf" else _rate(text, "request_rate")
 
 
 def _seed(text: str) -> int:
@@ -292,14 +299,15 @@ def run_batch(args: argparse.Namespace) -> int:
     tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
     rate, seed = _rate(args.request_rate), _seed(args.seed)
     t0 = time.perf_counter()
-    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell))) in enumerate(
+    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
         with _row_errors(f"{path}:{n}"):
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
-                        tokenize_us=tokenize_us, request_rate=rate, seed=seed)
+                        tokenize_us=tokenize_us, seed=seed,
+                        request_rate=rate if rate_cell is None else (None if math.isinf(rate_cell) else rate_cell))
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -318,7 +326,7 @@ def run_batch(args: argparse.Namespace) -> int:
 def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
     precision) and the optional (max_num_batched_tokens, max_num_seqs; async_scheduling and allreduce_fusion:
-    blank or auto, on, off).
+    blank or auto, on, off; request_rate: blank for --request-rate's, inf for the closed loop, or requests/s).
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     precision = _check_precision((row.get("precision") or "bf16").lower())
@@ -330,7 +338,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
-              parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"))
+              parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
+              _rate_cell(row.get("request_rate")))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
