@@ -2,7 +2,8 @@
 
 What is simulated is what ``vllm.benchmarks.serve`` measures against an OpenAI server: a closed loop of
 ``concurrency`` requests in flight (``--max-concurrency C --request-rate inf``: all C sent at once, each
-finished request replaced by the next at once), ``num_prompts`` requests in all (default 10 x C, the
+finished request replaced by the next at once) — or, with ``ServingConfig.request_rate``, its open loop (requests
+sent on its Poisson schedule, at most C in flight) —, ``num_prompts`` requests in all (default 10 x C, the
 convention of public serving sweeps), each with a fixed or listed prompt and output length (ignore-EOS), no
 no prefix-cache hits (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or warm-ups
 send the first request's prompt before the timed run, and that request finds its prompt's full KV blocks cached).

@@ -2,12 +2,14 @@
 
   m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
                   [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N] [--kv-cache-gib G]
-                  [--calibration CAL.json] [--json]
+                  [--calibration CAL.json] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
   m2live simulate --batch FILE.csv -o OUT.csv
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
 ``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix-cache hits; means over all requests.
+With ``--request-rate R`` the benchmark's open loop instead: requests sent on its Poisson schedule, at most C in
+flight.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
 server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
 CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
@@ -17,7 +19,7 @@ CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async schedulin
 default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
 default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
 steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
-server each way and 1 ms of the API server's serial work per request.
+server each way and 3 ms of the API server's serial work per request, plus 2.5 us per prompt token of tokenising.
 """
 
 from __future__ import annotations
