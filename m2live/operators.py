@@ -20,6 +20,7 @@ composes its operators into whole steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,7 @@ def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
 CACHE_ENTRIES = 65536  # a per-shape cache is emptied when it holds more (a long run's shapes never pile up)
 
 
-def _remember(cache: dict, key: tuple, value: Any) -> Any:
+def _remember(cache: dict, key: Hashable, value: Any) -> Any:
     """Store ``value`` under ``key`` in a per-shape cache (emptied first when full) and return it."""
     if len(cache) > CACHE_ENTRIES:
         cache.clear()
@@ -502,21 +503,21 @@ class OpModel:
         and NCCL (a longer start, then ALLREDUCE_NCCL_LINK_SHARE of the link); elsewhere a ring at the link's rate."""
         if tp <= 1:
             return 0.0
-        lat = ALLREDUCE_LATENCY_S.get(self.gpu.interconnect, ALLREDUCE_LATENCY_S["pcie"])
         wire = 2 * (tp - 1) / tp * nbytes
-        link = self.gpu.link_bw
         if self.gpu.interconnect not in ("nvlink", "c2c"):
-            return lat + wire / link
-        own = lat + wire / min(link, ALLREDUCE_SM_BUS_BPS)
-        return min(own, ALLREDUCE_NCCL_LATENCY_S + wire / (ALLREDUCE_NCCL_LINK_SHARE * link))
+            return self._nccl(wire)
+        own = ALLREDUCE_LATENCY_S[self.gpu.interconnect] + wire / min(self.gpu.link_bw, ALLREDUCE_SM_BUS_BPS)
+        return min(own, self._nccl(wire))
 
     def allgather(self, nbytes_per_rank: float, tp: int) -> float:
-        """One all-gather of ``nbytes_per_rank`` from each of ``tp`` GPUs through NCCL (vLLM's CudaCommunicator
-        .all_gather runs pynccl): each GPU receives the other (tp - 1) shards — NCCL's start, then
-        ALLREDUCE_NCCL_LINK_SHARE of the link over NVLink; elsewhere a ring at the link's rate."""
-        if tp <= 1:
-            return 0.0
-        wire = (tp - 1) * nbytes_per_rank
+        """One all-gather of ``nbytes_per_rank`` from each of ``tp`` GPUs (vLLM's CudaCommunicator.all_gather runs
+        pynccl): each GPU receives the other (tp - 1) shards, priced as NCCL's all-reduce traffic is."""
+        return self._nccl((tp - 1) * nbytes_per_rank) if tp > 1 else 0.0
+
+    def _nccl(self, wire: float) -> float:
+        """NCCL moving ``wire`` bytes through each GPU: over NVLink its ~20 us start, then
+        ALLREDUCE_NCCL_LINK_SHARE of the link; elsewhere a ring at the link's rate after the link's latency."""
         if self.gpu.interconnect not in ("nvlink", "c2c"):
-            return ALLREDUCE_LATENCY_S.get(self.gpu.interconnect, ALLREDUCE_LATENCY_S["pcie"]) + wire / self.gpu.link_bw
+            lat = ALLREDUCE_LATENCY_S.get(self.gpu.interconnect, ALLREDUCE_LATENCY_S["pcie"])
+            return lat + wire / self.gpu.link_bw
         return ALLREDUCE_NCCL_LATENCY_S + wire / (ALLREDUCE_NCCL_LINK_SHARE * self.gpu.link_bw)

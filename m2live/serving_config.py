@@ -118,7 +118,7 @@ class ServingConfig:
     frontend_s: float = FRONTEND_S
     frontend_service_s: float = FRONTEND_SERVICE_S
     tokenize_s_per_token: float = TOKENIZE_S_PER_TOKEN  # the API server's tokenisation, per prompt token (serial)
-    # vllm bench serve --request-rate: None (inf) sends every request as soon as one of the ``concurrency`` slots
+    # vllm bench serve --request-rate: None or inf sends every request as soon as one of the ``concurrency`` slots
     # is free (the closed loop); a rate sends them on its Poisson schedule (exponential gaps, seeded, scaled so
     # the last is sent at num_prompts / rate, as the benchmark does), ``concurrency`` still capping those in flight
     request_rate: float | None = None
@@ -129,6 +129,11 @@ class ServingConfig:
     # caches prefixes by default: the first timed request then finds its prompt's full blocks cached and prefills
     # only the rest (at least its last token). Off (vLLM 0.32's benchmark defaults): no such request.
     test_run_cached: bool = False
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests sent on the --request-rate schedule rather than as soon as a slot is free."""
+        return self.request_rate is not None and math.isfinite(self.request_rate)
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
@@ -142,7 +147,7 @@ class ServingConfig:
         if requests > MAX_REQUESTS:
             raise SimulationError(f"{requests} requests ({'num_prompts' if self.num_prompts else '10 x concurrency'})"
                                   f" is more than the simulator holds (at most {MAX_REQUESTS})")
-        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+        if self.request_rate is not None and not self.request_rate > 0:
             raise SimulationError(f"request_rate must be a positive number of requests/s, got {self.request_rate!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")

@@ -21,7 +21,8 @@ Every step is timed by ``Predictor`` (forecast clock by default); a request need
 and engine each way (HTTP, output streaming) and ``frontend_service_s`` + ``tokenize_s_per_token`` x its prompt
 length of the API server's serial work (parsing; tokenisation on its one tokenizer thread): a burst of requests
 reaches the engine spread out, and an idle engine starts its next step with the first arrival alone — which is
-what desynchronises a closed loop of equal requests. Runs of pure-decode steps between events (an arrival, a finish, a KV block shortage) are advanced in one go: their
+what desynchronises a closed loop of equal requests. Runs of pure-decode steps between events (an arrival, a
+finish, a KV block shortage) are advanced in one go: their
 times are the predictor's at a few points along the run (decode steps differ only in context), interpolated —
 so a configuration costs milliseconds to a few tenths of a second, not one prediction per token.
 
@@ -118,7 +119,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                  async_scheduling=async_sched,
                  first_cached=cached_prefix(int(prompts[0]), bs) if cfg.test_run_cached else 0,
                  tokenize_s_per_token=cfg.tokenize_s_per_token,
-                 send_at=None if cfg.request_rate is None else send_schedule(n, cfg.request_rate, cfg.seed))
+                 send_at=send_schedule(n, cfg.request_rate, cfg.seed) if cfg.open_loop else None)
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                      kv_tokens, bs, keep_requests)

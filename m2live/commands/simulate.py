@@ -107,10 +107,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _pos_int(text: object, what: str) -> int:
+def _pos_int(text: object, what: str, least: int = 1) -> int:
     s = str(text).strip()
-    if not s.isdigit() or int(s) < 1:
-        raise SimulationError(f"{what} must be a positive integer, got {text!r}")
+    if not s.isdigit() or int(s) < least:
+        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise SimulationError(f"{what} must be {kind}, got {text!r}")
     return int(s)
 
 
@@ -153,29 +154,15 @@ def _nonneg_float(text: object, what: str) -> float:
 
 
 def _rate(text: str | None, what: str = "--request-rate") -> float | None:
-    """--request-rate: None or 'inf' (the closed loop), else a positive number of requests/s."""
-    if text is None or str(text).strip().lower() in ("inf", ""):
+    """A request rate (the flag or a batch cell): None when blank or unset, inf (the closed loop), or a positive
+    number of requests/s."""
+    if text is None or not str(text).strip():
         return None
+    if str(text).strip().lower() == "inf":
+        return math.inf
     v = _nonneg_float(text, what)
     if v <= 0:
         raise SimulationError(f"{what} must be a positive number of requests/s (or inf), got {text!r}")
-    return v
-
-
-def _rate_cell(text: str | None) -> float | None:
-    """A batch row's request_rate: blank (None: the --request-rate flag's), inf (the closed loop) or requests/s."""
-    if text is None or not str(text).strip():
-        return None
-    return math.inf if str(text).strip().lower() == "inf" else _rate(text, "request_rate")
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(str(text).strip())
-    except ValueError:
-        raise SimulationError(f"--seed must be a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise SimulationError(f"--seed must be a non-negative integer, got {text!r}")
     return v
 
 
@@ -235,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
-                _rate(args.request_rate), _seed(args.seed))
+                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -299,7 +286,7 @@ def run_batch(args: argparse.Namespace) -> int:
     async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
     tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
-    rate, seed = _rate(args.request_rate), _seed(args.seed)
+    rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
     t0 = time.perf_counter()
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
@@ -309,7 +296,7 @@ def run_batch(args: argparse.Namespace) -> int:
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
                         tokenize_us=tokenize_us, seed=seed,
-                        request_rate=rate if rate_cell is None else (None if math.isinf(rate_cell) else rate_cell))
+                        request_rate=rate if rate_cell is None else rate_cell)
         out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
         out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                     "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
@@ -341,7 +328,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
               parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
-              _rate_cell(row.get("request_rate")))
+              _rate(row.get("request_rate"), "request_rate"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
