@@ -4,7 +4,7 @@ The engine core's host work per step — ``Scheduler.schedule()`` and ``Schedule
 largest part of what ``HostConstants.alpha`` (per sampled sequence) stands for; under async scheduling it overlaps
 the device's step, and a step lasts the longer of the two, so at a few hundred sequences and a short device step it
 is what bounds the step. Timed here in-process on vLLM's own Scheduler (the one ``tests/test_simulate.py`` checks
-the simulator against), with no model: B running requests decode one token a step, every request sampling one
+the simulator against, tests/vllm_loop.py), with no model: B running requests decode one token a step, every request sampling one
 token; 200 steps after three warm-up steps, per B. The model runner's input preparation and the outputs' hand-off
 to the API server are not in it. Host-CPU dependent: the JSON names this machine's CPU.
 
@@ -33,8 +33,8 @@ STEPS = 200
 
 
 def time_scheduler(batch: int, steps: int = STEPS) -> dict:
-    from test_simulate import VllmLoop  # a real vLLM Scheduler without a model
     from vllm.v1.outputs import ModelRunnerOutput
+    from vllm_loop import VllmLoop  # a real vLLM Scheduler without a model (tests/vllm_loop.py)
 
     loop = VllmLoop([64] * batch, [1 << 20] * batch, batch, 8192, 1024, 200_000)
     s = loop.s
