@@ -158,10 +158,11 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     number of requests/s."""
     if text is None or not str(text).strip():
         return None
-    if str(text).strip().lower() == "inf":
-        return math.inf
-    v = _nonneg_float(text, what)
-    if v <= 0:
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        v = math.nan
+    if not v > 0:  # NaN too; inf (or a number past float's range) is the closed loop
         raise SimulationError(f"{what} must be a positive number of requests/s (or inf), got {text!r}")
     return v
 
