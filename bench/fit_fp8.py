@@ -9,6 +9,7 @@ Leave-one-GPU-out: the numbers fitted on one GPU predict the other from its data
 Writes results/fp8_constants.json; the values are then copied into efficiency.FP8_GEMM_FIT.
 
     .venv/bin/python bench/fit_fp8.py [--out results/fp8_constants.json] [--maxiter 300] [--max-rows 2000]
+                                      [--gpus h100_sxm,b300_sxm]
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ def load_fp8(folder: str, max_rows: int) -> dict[str, list]:
     return load(folder, max_rows, root=OPBENCH_FP8, names=("gemm_fp8.csv",))
 
 
-def fit(maxiter: int, max_rows: int) -> dict:
+def fit(maxiter: int, max_rows: int, gpus: tuple[str, ...] = tuple(GPUS)) -> dict:
+    """Refit the fp8 constants of the opbench_fp8 folders in ``gpus``; the others keep efficiency.py's (all are
+    scored)."""
     t0 = time.time()
     fitted = {}
     for folder, (gpu, arch) in GPUS.items():
         base = ARCH_FP8[arch]
+        if folder not in gpus:
+            fitted[arch] = base
+            continue
         base = replace(base, **{n: v for n, v in SEED.items() if getattr(base, n) == 0.0})
         c = fit_group(gpu, base, GROUP, load_fp8(folder, max_rows), maxiter, dtype="fp8")
         fitted[arch] = replace(c, fitted_on=f"opbench_fp8 {folder} ({gpu}), bench/fit_fp8.py")
@@ -67,8 +73,13 @@ def main() -> int:
     ap.add_argument("--out", default="results/fp8_constants.json")
     ap.add_argument("--maxiter", type=int, default=300)
     ap.add_argument("--max-rows", type=int, default=2000, help="rows per GPU used in the fit (random sample)")
+    ap.add_argument("--gpus", default=",".join(GPUS), help="comma-separated opbench_fp8 folders to refit (the "
+                    "others keep efficiency.py's constants; all are scored)")
     args = ap.parse_args()
-    report = fit(args.maxiter, args.max_rows)
+    unknown = [g for g in args.gpus.split(",") if g not in GPUS]
+    if unknown:
+        ap.error(f"--gpus: unknown opbench_fp8 folder(s) {', '.join(unknown)} (known: {', '.join(GPUS)})")
+    report = fit(args.maxiter, args.max_rows, tuple(args.gpus.split(",")))
     write_report(report, args.out)
     return 0
 
