@@ -846,14 +846,15 @@ def forecast_clock_ratio(
 # both GPUs), streaming at ~15 / 18 GB/s per SM (q_sm_bw, H100 / B300: one CTA per row keeps few bytes in
 # flight — 0.58 / 0.33 of the DRAM peak; as a fraction of peak it did not transfer, LOO 14.4 / 10.8 %, per SM it
 # does). Without it the bf16 constants priced the tables 42 % / 53 % too fast. CUTLASS's tensor-core ceiling
-# eta_tc is 0.68 (H100) / 0.75 (B300) of the fp8 peak at the NVML max clock (cuBLAS bf16: 0.98 / 1.00). The
+# eta_tc is 0.68 (H100) / 0.82 (B300, 0.75 before its 2-SM tiles, below) of the fp8 peak at the NVML max clock
+# (cuBLAS bf16: 0.98 / 1.00). The
 # H100's tiles are vLLM's own sm90 dispatch (TILE_RULES["cutlass_sm90_fp8"]: 128 x 128 above M = 128, no split-K),
 # not a least-time pick: with the pick, M in (128, 512] came out 12-14 % fast (vLLM pads such M to 128-row tiles);
 # with the dispatch, refitted, in-sample 9.3 -> 7.8 %, leave-one-GPU-out 11.7 -> 9.9 %. The B300 kept the
 # least-time tile, unsplit (its k_split grid picks 65536), until its own dispatch was read (below). Both CUTLASS main loops have a K-block floor
 # (t_kiter, refitted with the group, bench/fit_fp8.py): 106 ns per 128-byte block on the H100, whose M <= 64
 # rows run vLLM's 64 x 16 and 64 x 64 tiles (16-65 ns of MMA a block; cuBLAS's bf16 kernels show none there),
-# and 83 ns on the B300 (its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.36 % (M <= 16 5.95 -> 4.7 %), B300 7.05 ->
+# and 83 ns on the B300 (89 ns since; its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.36 % (M <= 16 5.95 -> 4.7 %), B300 7.05 ->
 # 5.70 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.54, B300 <- H100 8.35 -> 7.43 %. With it the B300's fp8
 # GEMMs stream at 0.79 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us for 256 MB of
 # e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us), and their i_crit goes to
