@@ -19,6 +19,10 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+# Inline (in-band) ECC on GDDR: 1 byte of check bits per 16 of data, stored in the same devices and read over the
+# same channels — the capacity the driver reports shrinks to 15/16 and so does the bandwidth left for data
+INLINE_ECC_DATA_SHARE = 15 / 16
+
 
 class UnknownGpuError(KeyError):
     """Raised for a GPU name the catalog does not know; the message lists close matches."""
@@ -81,6 +85,22 @@ class GpuSpec:
     def mem_bw(self) -> float:
         """Peak DRAM bandwidth in B/s."""
         return self.mem_bw_gbs * 1e9
+
+    @property
+    def inline_ecc(self) -> bool:
+        """GDDR memory running ECC in-band: the driver's total (``mem_total_mib``) is 15/16 of the marketed GiB,
+        the check bits' carve-out (L4, L40S, A40: ECC on by default on data-centre boards). HBM keeps its check
+        bits in side-band devices, at no cost to the data's capacity or bandwidth (NVIDIA V100 whitepaper,
+        "ECC Memory Resiliency": the GDDR5 of the K40 reserved 6.25 % for inline ECC; HBM2's side-band ECC has
+        "no bandwidth or capacity penalty")."""
+        return (self.memory.startswith("GDDR") and self.mem_total_mib is not None
+                and self.mem_total_mib <= INLINE_ECC_DATA_SHARE * self.mem_gb * 1024 * 1.001)
+
+    @property
+    def data_bw(self) -> float:
+        """DRAM bandwidth left for data, B/s: the peak, less the share inline ECC's check bits take on the same
+        channels (one byte of check bits per 16 of data: INLINE_ECC_DATA_SHARE)."""
+        return self.mem_bw * (INLINE_ECC_DATA_SHARE if self.inline_ecc else 1.0)
 
     @property
     def l2_bytes(self) -> float:

@@ -139,7 +139,7 @@ class OpModel:
         self.peak = self.gpu.peak_flops(dtype)  # at boost: the GEMMs' tensor peak
         self.attn_elt = 2  # attention operands and the KV cache: bf16 at either precision
         self.attn_peak = self.gpu.peak_flops("bf16") if dtype == "fp8" else self.peak
-        self.bw = self.gpu.mem_bw
+        self.bw = self.gpu.data_bw  # the peak less inline ECC's check bits (GpuSpec.data_bw)
         g = self.gpu  # the datasheet facts every call reads, looked up once (the step predictor's hot path)
         self._sms = g.sms
         self._sm_limits = g.sm_limits

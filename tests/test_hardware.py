@@ -202,3 +202,29 @@ def test_cli_unknown_gpu_is_one_line_exit_2() -> None:
     r = subprocess.run([str(M2LIVE), "predict", "--gpu", "H100 SMX", "--decode", "10"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "h100-sxm" in r.stderr
+
+
+def test_inline_ecc_on_gddr_boards_that_report_the_carve_out() -> None:
+    """GDDR boards whose driver total is 15/16 of the marketed capacity run ECC in-band, and their check bits take
+    the same share of the DRAM bandwidth; HBM (side-band ECC) and boards without the carve-out keep the peak."""
+    for name in ("l40s", "NVIDIA L4", "NVIDIA A40"):
+        g = get_gpu(name)
+        assert g.inline_ecc and g.data_bw == pytest.approx(g.mem_bw * 15 / 16)
+    for name in ("h100-sxm", "b200", "NVIDIA GeForce RTX 4090", "NVIDIA RTX PRO 6000 Blackwell Server Edition"):
+        g = get_gpu(name)
+        assert not g.inline_ecc and g.data_bw == g.mem_bw
+
+
+def test_inline_ecc_slows_a_stream_and_never_speeds_one() -> None:
+    """A memory-bound GEMV on an L40S with its check bits takes 16/15 of the time it would take without them (the
+    same board with the carve-out undone); a compute-bound GEMM hardly moves."""
+    from m2live.predictor import OpModel
+
+    ecc = get_gpu("l40s")
+    plain = dataclasses.replace(ecc, mem_total_mib=None, name="L40S without ECC", aliases=())
+    for m, n, k in ((1, 8192, 8192), (16, 14336, 4096), (4096, 4096, 4096)):
+        a, b = OpModel(ecc).gemm(m, n, k).t, OpModel(plain).gemm(m, n, k).t
+        assert a >= b
+    ratio = OpModel(ecc).gemm(1, 16384, 16384).t / OpModel(plain).gemm(1, 16384, 16384).t
+    assert ratio == pytest.approx(16 / 15, rel=0.02)
+    assert OpModel(ecc).gemm(8192, 8192, 8192).t / OpModel(plain).gemm(8192, 8192, 8192).t < 1.02
