@@ -181,11 +181,15 @@ def test_cli_gpus_lists_every_row() -> None:
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["name"] for row in rows] == [g.name for g in CATALOG]
-    # every catalog field, plus the memory CUDA reports (nvidia-smi's total less the driver's share)
+    # every catalog field, plus the memory CUDA reports (nvidia-smi's total less the driver's share) and the DRAM
+    # bandwidth left for data (inline ECC's check bits take 1/16 on GDDR boards that run it)
     assert rows[0] == {**json.loads(json.dumps(dataclasses.asdict(CATALOG[0]))),
-                       "cuda_total_gib": round(CATALOG[0].mem_bytes / 2**30, 2)}
+                       "cuda_total_gib": round(CATALOG[0].mem_bytes / 2**30, 2), "inline_ecc": False,
+                       "data_bw_gbs": CATALOG[0].mem_bw_gbs}
     h100 = next(row for row in rows if row["name"] == "NVIDIA H100 80GB HBM3")
     assert h100["mem_total_mib"] == 81559 and 78.5 < h100["cuda_total_gib"] < 79.65
+    l40s = next(row for row in rows if row["name"] == "NVIDIA L40S")
+    assert l40s["inline_ecc"] and l40s["data_bw_gbs"] == 810.0
     r = subprocess.run([str(M2LIVE), "gpus"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     for g in CATALOG:
