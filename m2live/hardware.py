@@ -228,9 +228,11 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A10", arch="ampere", compute_capability=(8, 6), sms=72,
         base_mhz=885, boost_mhz=1695, bf16_tflops=125, fp16_tflops=125, fp8_tflops=None, tflops_at_mhz=1695,
-        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, l2_mb=6, tdp_w=150, interconnect="pcie", interconnect_gbs=32,
+        memory="GDDR6", mem_bw_gbs=600, mem_gb=24, mem_total_mib=23028, l2_mb=6, tdp_w=150, interconnect="pcie",
+        interconnect_gbs=32,
         source="NVIDIA A10 datasheet (BF16/FP16 tensor 125 | 250* TF, 24 GB GDDR6 600 GB/s, 150 W, PCIe Gen4); "
-               "GA102 config 72 SMs, 885/1695 MHz, 6 MB L2 (125 TF = 72 x 1024 x 1695 MHz)",
+               "GA102 config 72 SMs, 885/1695 MHz, 6 MB L2 (125 TF = 72 x 1024 x 1695 MHz); 23028 MiB total in "
+               "public nvidia-smi outputs with ECC on (the data-centre default; 24576 with it off)",
         aliases=("a10",),
     ),
     GpuSpec(
