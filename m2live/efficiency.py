@@ -44,10 +44,10 @@ def _cutlass_sm90_fp8(m: int, n: int, k: int) -> tuple[int, int, int, int]:
 def _cutlass_sm100_fp8(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     """The same on sm100 (B200, B300: scaled_mm_sm100_fp8_dispatch.cuh). Its configs' tile shapes are MMA tiles,
     and a cluster even along the MMA's M mode runs each on a pair of SMs (2-SM UMMA), half the tile per SM: M <= 16
-    swapped, 128 (N) x 32 (M) on 4 x 1 clusters -> 64 x 32 per SM, four along N; M in (16, 64] swapped, 128 (N) x 64
-    (M) likewise -> 64 x 64 per SM, four along N (but M = 64 at K < 4096 unswapped 64 x 64 on one SM); M in
-    (64, 256] 128 x 128 on 2 x 1 -> 64 x 128 per SM, pairs along M; above, 256 x 128 on 2 x 2 -> 128 x 128 per SM,
-    pairs along M and N. No split-K."""
+    swapped, 128 (N) x 32 (M) on 4 x 1 clusters -> 64 x 32 per SM, four along N; M in (16, 64] swapped, 128 (N)
+    x 64 (M) likewise -> 64 x 64 per SM, four along N (but M = 64 at K < 4096 unswapped 64 x 64 on one SM); M in
+    (64, 256] 128 x 128 on 2 x 1 -> 64 x 128 per SM, pairs along M; above, 256 x 128 on 2 x 2 -> 128 x 128 per
+    SM, pairs along M and N. No split-K."""
     if m <= 16:
         return 32, 64, 1, 4
     if m <= 64:
@@ -55,8 +55,8 @@ def _cutlass_sm100_fp8(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     return (64, 128, 2, 1) if m <= 256 else (128, 128, 2, 2)
 
 
-# Fixed tile dispatch by shape (ArchConstants.tile_rule), kernel facts read off the library's source: (BM, BN, CM, CN)
-# = rows of M and columns of N one SM's tile covers, and the tiles along M and N of one cluster. The persistent
+# Fixed tile dispatch by shape (ArchConstants.tile_rule), kernel facts read off the library's source:
+# (BM, BN, CM, CN) = rows of M and columns of N one SM's tile covers, and the tiles along M and N of one cluster. The persistent
 # scheduler hands out whole clusters, so a grid is rounded up to them: M = 257 on sm90 runs four 128-row tile rows,
 # the fourth idle but holding its SMs (opbench_fp8 h100_sxm: M = 128 j + 1 with j odd 11-19 % slower than its
 # tiles alone would take, 74.5 against 35.4 us at M = 256 for N = 16384, K = 4096).
@@ -851,11 +851,12 @@ def forecast_clock_ratio(
 # H100's tiles are vLLM's own sm90 dispatch (TILE_RULES["cutlass_sm90_fp8"]: 128 x 128 above M = 128, no split-K),
 # not a least-time pick: with the pick, M in (128, 512] came out 12-14 % fast (vLLM pads such M to 128-row tiles);
 # with the dispatch, refitted, in-sample 9.3 -> 7.8 %, leave-one-GPU-out 11.7 -> 9.9 %. The B300 kept the
-# least-time tile, unsplit (its k_split grid picks 65536), until its own dispatch was read (below). Both CUTLASS main loops have a K-block floor
+# least-time tile, unsplit (its k_split grid picks 65536), until its own dispatch was read (below). Both CUTLASS
+# main loops have a K-block floor
 # (t_kiter, refitted with the group, bench/fit_fp8.py): 106 ns per 128-byte block on the H100, whose M <= 64
 # rows run vLLM's 64 x 16 and 64 x 64 tiles (16-65 ns of MMA a block; cuBLAS's bf16 kernels show none there),
-# and 83 ns on the B300 (89 ns since; its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.36 % (M <= 16 5.95 -> 4.7 %), B300 7.05 ->
-# 5.70 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.54, B300 <- H100 8.35 -> 7.43 %. With it the B300's fp8
+# and 83 ns on the B300 (89 ns since; its bf16 kernels 65 ns). H100 fp8 7.81 -> 7.36 % (M <= 16 5.95 ->
+# 4.7 %), B300 7.05 -> 5.70 %; leave-one-GPU-out H100 <- B300 9.92 -> 9.54, B300 <- H100 8.35 -> 7.43 %. With it the B300's fp8
 # GEMMs stream at 0.79 of the catalog bandwidth (bf16 0.92: N = K = 16384 at M = 8 takes 50 us for 256 MB of
 # e4m3 weights, the quantisation included, where cuBLAS bf16 moves 512 MB in 86 us), and their i_crit goes to
 # 0 (no tile is operand-fed too slowly).

@@ -23,14 +23,15 @@ def run(args: argparse.Namespace) -> int:
                            "inline_ecc": g.inline_ecc, "data_bw_gbs": round(g.data_bw / 1e9, 1)} for g in gpus],
                          indent=2))
         return 0
-    t = Table(title="m2live GPU catalog (dense tensor TFLOP/s; datasheet numbers; DRAM GB/s * : inline ECC takes 1/16)")
+    t = Table(title="m2live GPU catalog (dense tensor TFLOP/s; datasheet numbers; "
+                    "DRAM GB/s * : inline ECC takes 1/16)")
     for col in ("NVML name", "arch", "SMs", "boost MHz", "bf16 TF", "fp8 TF", "DRAM GB/s", "mem GB", "CUDA GiB",
                 "L2 MB", "TDP W", "link", "aliases"):
         t.add_column(col)
     for g in gpus:
         t.add_row(g.name, g.arch, str(g.sms), f"{g.boost_mhz:.0f}", f"{g.bf16_tflops:g}",
-                  "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}", f"{g.mem_bw_gbs:g}" + (" *" if g.inline_ecc else ""),
-                  f"{g.mem_gb:g}",
+                  "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}",
+                  f"{g.mem_bw_gbs:g}" + (" *" if g.inline_ecc else ""), f"{g.mem_gb:g}",
                   f"{g.mem_bytes / 2**30:.1f}", f"{g.l2_mb:g}", f"{g.tdp_w:g}",
                   f"{g.interconnect} {g.interconnect_gbs:g}", ", ".join(g.aliases))
     Console(width=240).print(t)
