@@ -23,9 +23,7 @@ C requests with 512-token prompts, one token each per step, the consumers draini
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from admission import CLIENT, PY, SERVED_NAME, Policy, Server, make_model_dir  # noqa: E402
-from serving import write_dataset  # noqa: E402
+from admission import Policy, Server, make_model_dir  # noqa: E402
+from serving import run_closed_loop, write_dataset  # noqa: E402
 from tokenize_cost import write_host_result  # noqa: E402
 
 from m2live.enginelock import engine_lock  # noqa: E402
@@ -49,19 +47,6 @@ PAIRS = [(4, 24), (16, 32)]  # (concurrency, requests)
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def run_client(server: Server, model: Path, dataset: Path, n: int, c: int, out: Path) -> dict:
-    cmd = [PY, "-c", CLIENT, "--backend", "vllm", "--host", "127.0.0.1", "--port", str(server.port),
-           "--model", SERVED_NAME, "--tokenizer", str(model), "--dataset-name", "custom",
-           "--dataset-path", str(dataset), "--custom-output-len", "-1", "--skip-chat-template", "--ignore-eos",
-           "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
-           "--num-warmups", "0", "--seed", "0", "--save-result", "--result-dir", str(out.parent),
-           "--result-filename", out.name, "--disable-tqdm"]
-    with open(out.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900,
-                       cwd=out.parent)
-    return json.loads(out.read_text())
 
 
 def output_processor_cost(tok, concurrency: int, steps: int = 200) -> float:
@@ -128,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 for osl in (SHORT, LONG):
                     ds = write_dataset(work / f"c{c}_o{osl}.jsonl", n, [(PROMPT_WORDS, osl)], seed=c)
                     c0, t0 = cpu_seconds(api), time.time()
-                    res = run_client(server, model, ds, n, c, work / f"c{c}_o{osl}.json")
+                    res = run_closed_loop(server, ds, n, c, work / f"c{c}_o{osl}", warmups=0)
                     wall = time.time() - t0
                     pair[osl] = {"api_cpu_s": cpu_seconds(api) - c0 - idle * wall, "wall_s": wall,
                                  "output_tokens": int(res["total_output_tokens"]),

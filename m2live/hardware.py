@@ -94,7 +94,7 @@ class GpuSpec:
         "ECC Memory Resiliency": the GDDR5 of the K40 reserved 6.25 % for inline ECC; HBM2's side-band ECC has
         "no bandwidth or capacity penalty")."""
         return (self.memory.startswith("GDDR") and self.mem_total_mib is not None
-                and self.mem_total_mib <= INLINE_ECC_DATA_SHARE * self.mem_gb * 1024 * 1.001)
+                and self.mem_total_mib <= INLINE_ECC_DATA_SHARE * self.mem_gb * 1024)
 
     @property
     def data_bw(self) -> float:

@@ -504,10 +504,11 @@ class OpModel:
         if tp <= 1:
             return 0.0
         wire = 2 * (tp - 1) / tp * nbytes
+        nccl = self._nccl(wire)
         if self.gpu.interconnect not in ("nvlink", "c2c"):
-            return self._nccl(wire)
+            return nccl
         own = ALLREDUCE_LATENCY_S[self.gpu.interconnect] + wire / min(self.gpu.link_bw, ALLREDUCE_SM_BUS_BPS)
-        return min(own, self._nccl(wire))
+        return min(own, nccl)
 
     def allgather(self, nbytes_per_rank: float, tp: int) -> float:
         """One all-gather of ``nbytes_per_rank`` from each of ``tp`` GPUs (vLLM's CudaCommunicator.all_gather runs

@@ -121,8 +121,8 @@ class Engine:
             # the API server handles requests one at a time (its fixed work, then the prompt's tokenisation on its
             # one tokenizer thread): a burst reaches the engine spread out, and an idle engine starts a step with
             # the first one alone
-            self._frontend_free = max(self._frontend_free, t + self.d) + self.service + \
-                self.tokenize * float(self.prompt[i])
+            self._frontend_free = (max(self._frontend_free, t + self.d) + self.service
+                                   + self.tokenize * float(self.prompt[i]))
             heapq.heappush(self.arrivals, (self._frontend_free, i))
 
     def _arrive(self) -> None:
