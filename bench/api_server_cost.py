@@ -7,14 +7,14 @@ rate) is read around each run. The difference over the extra tokens is the serve
 (output processing, detokenising, the streaming response); the rest, per request, its fixed work (HTTP, parsing,
 tokenising a 16-word prompt, hand-off). The engine-core process is not counted.
 
-Why it matters, and why the simulator does not model it (README, "The serving simulator"): the API server is one
-Python process; at C requests in flight it streams C tokens per engine step. When that work outlasts a step,
-vLLM's per-request output collectors merge the tokens waiting for a request into one streamed chunk
-(``v1/engine/output_processor.py`` RequestOutputCollector), so the per-chunk share of the cost stops growing; how
-much of it is per chunk, and how fast a GPU host's CPU is, this 2-core machine cannot say — except the part no
-merge saves: ``OutputProcessor.process_outputs`` (detokenising each token, the per-request state and stats) runs for
-every token of every step. That part is timed in-process on vLLM's own class (``output_processor`` in the JSON:
-C requests with 512-token prompts, one token each per step, the consumers draining every fourth step), with a
+Why it matters, and why the simulator does not model it (docs/serving.md, "not modelled: the API server's work per
+streamed token"): the API server is one Python process; at C requests in flight it streams C tokens per engine step.
+When that work outlasts a step, vLLM's per-request output collectors merge the tokens waiting for a request into one
+streamed chunk (``v1/engine/output_processor.py`` RequestOutputCollector), so the per-chunk share of the cost stops
+growing; how much of it is per chunk, and how fast a GPU host's CPU is, this 2-core machine cannot say — except the
+part no merge saves: ``OutputProcessor.process_outputs`` (detokenising each token, the per-request state and stats)
+runs for every token of every step. That part is timed in-process on vLLM's own class (``output_processor`` in the
+JSON: C requests with 512-token prompts, one token each per step, the consumers draining every fourth step), with a
 128k byte-level BPE (``bench/tokenize_cost.py``'s kind) and with the bench's word-level tokenizer.
 
     .venv/bin/python bench/api_server_cost.py --out results/api_server_cost.json     # ~3 min on 2 cores

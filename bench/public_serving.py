@@ -97,7 +97,7 @@ POINTS: list[dict] = [
         "stated": "94.91 req/s, mean TTFT 2905 ms, mean TPOT 5.45 ms",
         "gpu": "NVIDIA H100 80GB HBM3", "model": QWEN3_06B, "tp": 1, "precision": "bf16", "isl": 512, "osl": 128,
         "async": None, "num_prompts": 500, "gpu_memory_utilization": 0.5,
-        # outside what the simulator models: the API server's own work bounds this run (see README, "not modelled:
+        # outside what the simulator models: the API server's own work bounds this run (see docs/serving.md, "not modelled:
         # the API server's work per streamed token"); reported, and kept out of the in-scope summary
         "scope": "API-server bound",
         "runs": [(500, 5.45, 2905.0)],

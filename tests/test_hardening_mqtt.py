@@ -69,11 +69,11 @@ def brokers(tmp_path: Path):
 
 
 def readme_acl() -> str:
-    """The Mosquitto ACL file the README recommends (the ```conf block of its security section)."""
-    text = (REPO / "README.md").read_text()
+    """The Mosquitto ACL file the docs recommend (the ```conf block of docs/plugin.md's security section)."""
+    text = (REPO / "docs" / "plugin.md").read_text()
     sec = text[text.index("## Security and failure behaviour"):]
     m = re.search(r"```conf\n(.*?)```", sec, re.S)
-    assert m, "README: no ```conf ACL block in the security section"
+    assert m, "docs/plugin.md: no ```conf ACL block in the security section"
     return m.group(1)
 
 

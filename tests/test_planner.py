@@ -391,5 +391,5 @@ def test_validate_on_vidur_profiles():
     assert s["top1_hit_rate"] >= 0.9 and s["regret_mean"] <= 0.02 and s["spearman_mean"] >= 0.8
     lay = out["layouts"]["summary"]
     # regret 0.8 % before the A100's cuBLAS tile policy (efficiency.TILE_POLICY_CHIPS), 3.5 % with it: Vidur
-    # profiled an older cuBLAS that did not keep the large tile (README, Vidur validation)
+    # profiled an older cuBLAS that did not keep the large tile (docs/accuracy.md, Vidur validation)
     assert lay["points"] >= 6 and lay["pairwise_accuracy"] >= 0.9 and lay["regret_mean"] <= 0.04
