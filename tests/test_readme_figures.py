@@ -1,0 +1,97 @@
+"""The README quotes the machine-independent benchmarks (results/accuracy.json, ranking.json, public_serving.json):
+every figure of its status table and of its per-operator table must be the one the committed JSON holds, so a
+regenerated result cannot leave a stale number behind (three were found stale by hand on 2026-12-05)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GPUS = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA B300 SXM6 AC")  # the README's A100 / H100 / B300
+
+
+def _json(name: str) -> dict:
+    return json.loads((REPO / "results" / name).read_text())
+
+
+def _status_row(what: str) -> str:
+    """The status table's row whose first cell starts with ``what``."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Where it stands"):readme.index("## Results at a glance")]
+    rows = [line for line in section.splitlines() if line.startswith(f"| {what}")]
+    assert len(rows) == 1, f"README status table: {len(rows)} rows start with {what!r}"
+    return rows[0]
+
+
+def _join(values, fmt: str) -> str:
+    return " / ".join(format(v, fmt) for v in values)
+
+
+def test_in_sample_operator_figures_are_accuracy_json():
+    cal = _json("accuracy.json")["calibration"]
+    gemm = _join((cal[g]["gemm/core"]["mape_in_sample"] for g in GPUS), ".2f")
+    assert f"| {gemm} % |" in _status_row("GEMM, in-sample")
+    pre = _join((cal[g]["prefill_attention/core"]["mape_in_sample"] for g in GPUS), ".2f")
+    dec = _join((cal[g]["decode_attention/core"]["mape_in_sample"] for g in GPUS), ".2f")
+    assert f"prefill {pre} %, decode {dec} %" in _status_row("prefill / decode attention, in-sample")
+
+
+def test_calibrated_default_budget_is_accuracy_json():
+    summary = _json("accuracy.json")["calibrated"]["summary"]
+    cells = {k: _join((summary[g]["zero_shot"][k] for g in GPUS), ".2f") for k in ("gemm", "prefill", "decode")}
+    row = _status_row("calibrated mode, default budget")
+    assert f"GEMM {cells['gemm']} %; prefill {cells['prefill']} %; decode {cells['decode']} %" in row
+
+
+def test_fp8_figures_are_accuracy_json():
+    fp8 = _json("accuracy.json")["fp8"]["gpus"]
+    order = ("NVIDIA H100 80GB HBM3", "NVIDIA B300 SXM6 AC")
+    ins = _join((fp8[g]["core"]["in_sample"]["mape"] for g in order), ".2f")
+    loo = _join((fp8[g]["core"]["leave_one_gpu_out"]["mape"] for g in order), ".1f")
+    assert f"in-sample {ins} %; leave-one-out {loo} %" in _status_row("fp8 GEMM")
+
+
+def test_vidur_and_square_figures_are_accuracy_json():
+    acc = _json("accuracy.json")
+    v = {k: format(d["all"]["mape_forecast_clock"], ".1f") for k, d in acc["vidur_validation"].items()}
+    row = _status_row("Vidur's profiles")
+    assert (f"A100 {v['NVIDIA A100-SXM4-80GB / Meta-Llama-3-8B']} % (Llama-3-8B) / "
+            f"{v['NVIDIA A100-SXM4-80GB / Llama-2-7b-hf']} % (Llama-2-7B), "
+            f"H100 {v['NVIDIA H100 80GB HBM3 / Llama-2-7b-hf']} %, A40 {v['NVIDIA A40 / Llama-2-7b-hf']} %") in row
+    square = acc["square_validation"]["mape_checked_from_outside"]
+    assert f"| {square:.1f} % (" in _status_row("public square bf16 GEMMs")
+
+
+def test_planner_and_published_serving_figures_are_their_json():
+    r = _json("ranking.json")
+    ob, vi = r["opbench"], r["vidur"]["m_set"]
+    row = _status_row("capacity planning")
+    assert (f"opbench {100 * ob['summary']['relative_speed_error_mean']:.1f} % (0.75 roofline "
+            f"{100 * ob['baseline_summary']['relative_speed_error_mean']:.1f} %); Vidur "
+            f"{100 * vi['summary']['relative_speed_error_mean']:.1f} % "
+            f"({100 * vi['baseline_summary']['relative_speed_error_mean']:.1f} %)") in row
+    s = _json("public_serving.json")["summary"]
+    row = _status_row("published GPU serving runs")
+    assert (f"TPOT {s['tpot_within_15pct']} of {s['tpot_runs']} within 15 % (MAPE {s['tpot_mape']:.1f} %); "
+            f"TTFT {s['ttft_within_25pct']} of {s['ttft_runs']} within 25 % (MAPE {s['ttft_mape']:.1f} %") in row
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_per_operator_table_is_the_loo_matrix(gpu):
+    """Every cell of the README's per-operator table (in-sample, from each family, the roofline)."""
+    loo = _json("accuracy.json")["loo_matrix"][gpu]
+    readme = (REPO / "README.md").read_text()
+    short = gpu.removeprefix("NVIDIA ")
+    family = {"NVIDIA A100-SXM4-80GB": "ampere", "NVIDIA H100 80GB HBM3": "hopper",
+              "NVIDIA B300 SXM6 AC": "blackwell"}[gpu]
+    for kind, label in (("gemm", "GEMM"), ("prefill_attention", "prefill attention"),
+                        ("decode_attention", "decode attention")):
+        cells = [f"**{loo[kind]['constants_from'][family]:.2f} %**"]
+        cells += ["—" if src == family else f"{loo[kind]['constants_from'][src]:.2f} %"
+                  for src in ("ampere", "hopper", "blackwell")]
+        cells.append(f"{loo[kind]['baseline_eta0.75']:.2f} %")
+        first = f"{short} ({family})" if kind == "gemm" else short
+        assert f"| {first} | {label} | " + " | ".join(cells) + " |" in readme, (gpu, kind)
