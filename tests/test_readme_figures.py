@@ -95,3 +95,15 @@ def test_per_operator_table_is_the_loo_matrix(gpu):
         cells.append(f"{loo[kind]['baseline_eta0.75']:.2f} %")
         first = f"{short} ({family})" if kind == "gemm" else short
         assert f"| {first} | {label} | " + " | ".join(cells) + " |" in readme, (gpu, kind)
+
+
+def test_serving_and_plugin_figures_are_their_runs_of_record():
+    """The machine-dependent rows quote the committed runs of record (serving.json, plugin.json)."""
+    cal = _json("serving.json")["summary"]["calibrated"]
+    n = cal["configurations"]
+    assert (f"TPOT {cal['tpot_within_15pct']}/{n} (MAPE {100 * cal['tpot_ms']['mape']:.1f} %), "
+            f"TTFT {cal['ttft_within_25pct']}/{n} ({100 * cal['ttft_ms']['mape']:.1f} %)") in _status_row(
+        "serving vs a real vLLM-CPU server")
+    p = _json("plugin.json")
+    assert (f"| {100 * p['median_abs_error_corrected']:.1f} %; {100 * p['overhead_fraction_median']:.2f} % of a step |"
+            in _status_row("live plugin"))
