@@ -4,6 +4,7 @@ cache costs TTFT instead of failing, bad input exits 2)."""
 
 from __future__ import annotations
 
+import csv
 import random
 from dataclasses import replace
 
@@ -225,7 +226,6 @@ def test_batch_csv_roundtrip(tmp_path, capsys):
                    f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n")
     out = tmp_path / "out.csv"
     assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 0
-    import csv
 
     rows = list(csv.DictReader(open(out)))
     assert [r["precision"] for r in rows] == ["bf16", "fp8", "bf16"]
@@ -238,7 +238,6 @@ def test_async_scheduling_switch_cli_and_batch(tmp_path, capsys):
     """--async-scheduling off (a server started without it, older vLLM's default) prices each decode step's host
     work after its device work: TPOT grows; the batch file's optional column sets it per row and overrides the
     flag, blank keeps it."""
-    import csv
     import json
 
     base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "256", "--osl", "64", "--concurrency", "4",
@@ -266,7 +265,6 @@ def test_allreduce_fusion_switch_cli_and_batch(tmp_path, capsys):
     the two norm kernels a layer the fusion removes from small TP steps: TPOT grows; auto is on for an H100 at
     TP 4 (2 MiB: 256 tokens of Llama-3.1-8B) and says so; at TP 1 the switch changes nothing; the batch column
     sets it per row, a bad cell names its row."""
-    import csv
     import json
 
     res = {}
@@ -308,10 +306,32 @@ def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
     src = tmp_path / "in.csv"
     src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision,async_scheduling\n{L8},h100-sxm,1,64,8,2,bf16,\n"
                    f"{row}\n")
-    rc = main(["simulate", "--batch", str(src), "-o", str(tmp_path / "o.csv")])
+    dst = tmp_path / "o.csv"
+    rc = main(["simulate", "--batch", str(src), "-o", str(dst)])
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
+    if dst.exists():  # a configuration that cannot run (not a malformed row): the rows that can are not lost
+        rows = list(csv.DictReader(open(dst)))
+        assert float(rows[0]["tpot_ms"]) > 0 and rows[0]["error"] == ""
+        assert rows[1]["tpot_ms"] == "" and rows[1]["error"] and rows[1]["error"] in lines[0]
+
+
+def test_batch_writes_every_row_when_some_cannot_run(tmp_path, capsys):
+    """A sweep that includes layouts which do not fit still returns every row that runs, the others with why."""
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
+                   f"{L8},h100-sxm,1,256,16,2,bf16\n{L70},h100-sxm,1,256,16,2,bf16\n"
+                   f"{L70},h100-sxm,3,256,16,2,bf16\n{L70},h100-sxm,4,256,16,2,bf16\n")
+    dst = tmp_path / "o.csv"
+    assert main(["simulate", "--batch", str(src), "-o", str(dst)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "in.csv:3: does not fit" in lines[0] and "in.csv:4: TP=3" in lines[1], lines
+    rows = list(csv.DictReader(open(dst)))
+    assert [bool(r["tpot_ms"]) for r in rows] == [True, False, False, True]
+    assert rows[1]["error"].startswith("does not fit") and rows[3]["error"] == ""
+    assert main(["simulate", "--batch", str(src)]) == 2  # to stdout alike
+    assert len(capsys.readouterr().out.strip().splitlines()) == 5
 
 
 @pytest.mark.parametrize("concurrency, msg", [("two", "in.csv:52: concurrency"),

@@ -55,6 +55,7 @@ from ..simulate import (
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
+BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
 
@@ -103,7 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
                                                        f"{', '.join(BATCH_OPTIONAL)})")
-    p.add_argument("-o", "--output", metavar="OUT.csv", help="with --batch: where to write (default stdout)")
+    p.add_argument("-o", "--output", metavar="OUT.csv", help="with --batch: where to write (default stdout); a "
+                   "configuration that cannot run (does not fit, ...) is written with an error column, and exit 2")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -289,28 +291,42 @@ def run_batch(args: argparse.Namespace) -> int:
     tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
     rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
     t0 = time.perf_counter()
+    failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
-        with _row_errors(f"{path}:{n}"):
+        out = {k: row.get(k, "") for k in header if k not in (*BATCH_OUT, BATCH_ERROR)}
+        try:
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
                         tokenize_us=tokenize_us, seed=seed,
                         request_rate=rate if rate_cell is None else rate_cell)
-        out = {k: row.get(k, "") for k in header if k not in BATCH_OUT}
-        out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
-                    "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
+        except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
+            msg = _row_message(e)  # stderr, and the other rows still run (nothing computed is lost)
+            failed.append(f"{path}:{n}: {msg}")
+            out.update({k: "" for k in BATCH_OUT})
+            out[BATCH_ERROR] = msg
+        else:
+            out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
+                        "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
         out_rows.append(out)
-    fields = [k for k in header if k not in BATCH_OUT] + list(BATCH_OUT)
+    fields = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)] + list(BATCH_OUT)
+    if failed:
+        fields.append(BATCH_ERROR)
+        for out in out_rows:
+            out.setdefault(BATCH_ERROR, "")
     if args.output:
         with open(args.output, "w", newline="") as f:
             _write(f, fields, out_rows)
-        print(f"{len(out_rows)} configurations simulated in {time.perf_counter() - t0:.1f} s -> {args.output}",
-              file=sys.stderr)
+        if not failed:
+            print(f"{len(out_rows)} configurations simulated in {time.perf_counter() - t0:.1f} s -> {args.output}",
+                  file=sys.stderr)
     else:
         _write(sys.stdout, fields, out_rows)
-    return 0
+    for msg in failed:  # one line per row that cannot run, as a bad row's (and exit 2): every other row is written
+        print(f"m2live simulate: error: {msg}", file=sys.stderr)
+    return 2 if failed else 0
 
 
 def _batch_row(row: dict) -> tuple[tuple, tuple]:
@@ -340,8 +356,12 @@ def _row_errors(where: str) -> Iterator[None]:
     try:
         yield
     except (ValueError, KeyError, OSError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise SimulationError(f"{where}: {msg}") from None
+        raise SimulationError(f"{where}: {_row_message(e)}") from None
+
+
+def _row_message(e: BaseException) -> str:
+    """An error's first line (its class name when it has no text)."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
 
 
 def _write(f, fields: list[str], rows: list[dict]) -> None:
