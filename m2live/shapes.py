@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -189,8 +190,27 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
+# Checkpoints of a preset's architecture under other names (same config.json shapes): Llama 3.3 70B is Llama 3.1
+# 70B's architecture (hidden 8192, 80 layers, 64 / 8 heads, FFN 28672, vocabulary 128256 in both config.json files).
+PRESET_ALIASES: dict[str, str] = {"Llama-3.3-70B": "meta-llama/Llama-3.1-70B"}
+# Words of a Hugging Face id that name a fine-tune or an fp8 re-quantisation of the same architecture — the chat /
+# instruct tunes, the base tag, Meta's older "Meta-Llama-3.1" spelling, fp8 checkpoints (RedHatAI / neuralmagic
+# "-FP8", "-FP8-dynamic"; nvidia "-FP8"; Qwen "-FP8"): a checkpoint id reduced by them that names a preset is that
+# preset's shapes. The weights' format is not read from the name: --precision says it (an "-FP8" checkpoint is
+# served as fp8 only with --precision fp8). Int4 checkpoints (AWQ, GPTQ, ...) are not reduced: m2live has no int4.
+CHECKPOINT_WORDS = frozenset({"instruct", "chat", "it", "base", "hf", "fp8", "dynamic", "meta"})
+
+
+def _arch_key(name: str) -> str:
+    """A model id reduced to its architecture: the part after the last slash, without CHECKPOINT_WORDS."""
+    words = re.split(r"[-_]", name.split("/")[-1].lower())
+    return norm_name("".join(w for w in words if w not in CHECKPOINT_WORDS))
+
+
 def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
-    """A preset name (full or the part after the slash, case-insensitive) or a path to config.json / a model dir."""
+    """A preset name (full or the part after the slash, case-insensitive), a checkpoint of a preset's architecture
+    (``meta-llama/Llama-3.1-70B-Instruct``, ``RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8``, ``Qwen/Qwen3-32B-FP8``:
+    CHECKPOINT_WORDS, PRESET_ALIASES), or a path to config.json / a model dir."""
     if isinstance(model, ModelShape):
         return model
     s = str(model)
@@ -200,6 +220,15 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     for name, shape in PRESETS.items():
         if key in (norm_name(name), norm_name(name.split("/")[-1])):
             return shape
+    arch = _arch_key(s)
+    if arch:
+        for name, shape in PRESETS.items():
+            if arch == _arch_key(name):
+                return shape
+        for alias, target in PRESET_ALIASES.items():
+            if arch == _arch_key(alias):
+                return PRESETS[target]
     raise ModelShapeError(
-        f"unknown model {s!r}: not a file or directory, and not a preset ({', '.join(PRESETS)})"
+        f"unknown model {s!r}: not a file or directory, and not a preset or a checkpoint of one "
+        f"({', '.join(PRESETS)})"
     )

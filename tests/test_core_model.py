@@ -73,6 +73,29 @@ def test_config_json_errors(tmp_path):
         get_model("no/such-model")
 
 
+@pytest.mark.parametrize("name, preset", [
+    ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B"),
+    ("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", "meta-llama/Llama-3.1-70B"),
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", "meta-llama/Llama-3.1-8B"),
+    ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", "meta-llama/Llama-3.1-8B"),
+    ("nvidia/Llama-3.3-70B-Instruct-FP8", "meta-llama/Llama-3.1-70B"),
+    ("Qwen/Qwen3-32B-FP8", "Qwen/Qwen3-32B"),
+    ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-v0.3"),
+    ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b-hf"),
+])
+def test_checkpoints_of_a_presets_architecture_resolve_to_it(name, preset):
+    """An instruct tune or an fp8 re-quantisation has its base model's config.json shapes."""
+    assert get_model(name) is get_model(preset)
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3-32B-AWQ", "meta-llama/Llama-3.1-405B-Instruct-FP8",
+                                  "meta-llama/Llama-3.1-8B-Instruct-GPTQ-INT4", "Qwen/Qwen3-30B-A3B", "instruct-fp8"])
+def test_other_architectures_and_int4_checkpoints_stay_unknown(name):
+    with pytest.raises(ModelShapeError, match="unknown model"):
+        get_model(name)
+
+
 def test_shipped_configs_load(tiny_model_dir, bench_model_dir):
     assert get_model(tiny_model_dir).hidden == 256
     b = get_model(bench_model_dir / "config.json")
