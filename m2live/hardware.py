@@ -315,7 +315,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = "
                "sparse/2; 80 GB HBM3 3.35 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction) + H100 "
                "whitepaper (132 SMs, 50 MB L2, TFLOP/s at 1830 MHz)",
-        aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb"),
+        aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb", "h100-sxm5-80gb"),
     ),
     GpuSpec(
         name="NVIDIA H100 PCIe", arch="hopper", compute_capability=(9, 0), sms=114,
@@ -490,6 +490,8 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
         raise UnknownGpuError(f"GPU name must be a non-empty string, got {name!r}")
     key = norm_name(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
+    if spec is None and key.startswith("nvidia"):  # an alias with the vendor in front ("NVIDIA H100-SXM5-80GB")
+        spec = _CUSTOM.get(key[6:]) or _INDEX.get(key[6:])
     if spec is not None:
         return spec
     close = close_matches(name)

@@ -127,6 +127,16 @@ def test_alternative_nvml_names_resolve() -> None:
     assert get_gpu("NVIDIA GH200 120GB").name == "NVIDIA GH200 480GB"
 
 
+@pytest.mark.parametrize(("name", "expect"), [("NVIDIA H100-SXM5-80GB", "NVIDIA H100 80GB HBM3"),
+                                              ("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3"),
+                                              ("NVIDIA B300", "NVIDIA B300 SXM6 AC"),
+                                              ("NVIDIA RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition")])
+def test_an_alias_with_the_vendor_in_front_resolves(name: str, expect: str) -> None:
+    assert get_gpu(name).name == expect
+    with pytest.raises(UnknownGpuError):
+        get_gpu("NVIDIA")
+
+
 def test_aliases_unique_lowercase_and_case_insensitive() -> None:
     seen: dict[str, str] = {}
     for g in CATALOG:
