@@ -128,7 +128,12 @@ def _is_cpu(name: str) -> bool:
     return str(name).strip().lower() in ("cpu", "cpu-device")
 
 
+# the spellings of the two precisions a batch file may use (torch's dtype names, vLLM's fp8 format and scheme)
+PRECISION_SPELLINGS = {"bfloat16": "bf16", "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
+
+
 def _check_precision(precision: str) -> str:
+    precision = PRECISION_SPELLINGS.get(precision.strip().lower(), precision.strip().lower())
     if precision not in ("bf16", "fp8"):
         raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
     return precision
