@@ -588,10 +588,11 @@ def test_batch_request_rate_column_and_flag(tmp_path, capsys):
 
 
 def test_batch_takes_the_precisions_other_spellings(tmp_path, capsys):
+    """... and integers written as a table tool writes them (1024.0; 1024.5 stays an error)."""
     src = tmp_path / "in.csv"
     src.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
                    f"{L8},h100-sxm,1,256,16,2,BFloat16\n{L8},h100-sxm,1,256,16,2,bf16\n"
-                   f"{L8},h100-sxm,1,256,16,2,FP8_E4M3\n{L8},h100-sxm,1,256,16,2,fp8\n")
+                   f"{L8},h100-sxm,1.0,256.0,16,2.0,FP8_E4M3\n{L8},h100-sxm,1,256,16,2,fp8\n")
     assert main(["simulate", "--batch", str(src)]) == 0
     rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
     assert rows[0]["tpot_ms"] == rows[1]["tpot_ms"] != rows[2]["tpot_ms"] == rows[3]["tpot_ms"]

@@ -111,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _pos_int(text: object, what: str, least: int = 1) -> int:
     s = str(text).strip()
+    if not s.isdigit() and s.endswith(".0") and s[:-2].isdigit():  # "1024.0": a table tool's integer
+        s = s[:-2]
     if not s.isdigit() or int(s) < least:
         kind = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise SimulationError(f"{what} must be {kind}, got {text!r}")
