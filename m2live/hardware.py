@@ -293,7 +293,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "350 W, PCIe Gen4 x16 64 GB/s; no NVLink); AD102 142 SMs, 1110/2520 MHz, 96 MB L2. BF16 "
                "362.05 = 142 x 1024 x 2490 MHz, so tflops_at_mhz = 2490; the datasheet FP8 (1,466*/2 = 733) "
                "is quoted at 2520 MHz and is rescaled here to 2490 MHz: 724.1 TF",
-        aliases=("l40s",),
+        aliases=("l40s", "l40s-48gb"),
     ),
     GpuSpec(
         name="NVIDIA GeForce RTX 4090", arch="ada", compute_capability=(8, 9), sms=128,
@@ -315,7 +315,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (BF16 1,979* TF, FP8 3,958* TF -> dense = "
                "sparse/2; 80 GB HBM3 3.35 TB/s, up to 700 W, NVLink 900 GB/s = 450 per direction) + H100 "
                "whitepaper (132 SMs, 50 MB L2, TFLOP/s at 1830 MHz)",
-        aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb", "h100-sxm5-80gb"),
+        aliases=("h100-sxm", "h100-sxm5", "h100", "h100-80gb", "h100-sxm5-80gb", "h100-sxm-80gb"),
     ),
     GpuSpec(
         name="NVIDIA H100 PCIe", arch="hopper", compute_capability=(9, 0), sms=114,
@@ -349,7 +349,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "configuration and clocks as H100 SXM5 (132 SMs, 1590/1980 MHz, TF at 1830 MHz); L2 60 MiB: "
                "cudaDeviceProp.l2CacheSize = 62914560 read on an H200 by m2live probe, 2026-12-04 (the H100 SXM5 "
                "reports 50 MiB)",
-        aliases=("h200", "h200-sxm", "h200-141gb"),
+        aliases=("h200", "h200-sxm", "h200-141gb", "h200-sxm-141gb"),
     ),
     GpuSpec(
         name="NVIDIA H200 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
@@ -407,7 +407,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "per direction); 148 SMs and 126.5 MiB L2 from the CUDA device properties; 1965 MHz = NVML max "
                "SM clock; tflops_at_mhz derived 2250 TF / (148 x 8192) = 1856 MHz; base 1665 MHz is a "
                "third-party listing (not published by NVIDIA)",
-        aliases=("b200", "b200-sxm"),
+        aliases=("b200", "b200-sxm", "b200-180gb", "b200-192gb", "b200-sxm-180gb", "b200-sxm-192gb"),
     ),
     GpuSpec(
         name="NVIDIA B300 SXM6 AC", arch="blackwell", compute_capability=(10, 3), sms=148,
