@@ -70,7 +70,7 @@ def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:
     """``dtype`` None: from the file name (``table_dtype``)."""
     p = str(path)
     try:
-        with open(p, newline="") as f:
+        with open(p, newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not a column name
             reader = csv.DictReader(f)
             header = list(reader.fieldnames or [])
             rows = list(reader)

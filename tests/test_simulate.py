@@ -597,3 +597,13 @@ def test_batch_takes_the_precisions_other_spellings(tmp_path, capsys):
     rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
     assert rows[0]["tpot_ms"] == rows[1]["tpot_ms"] != rows[2]["tpot_ms"] == rows[3]["tpot_ms"]
     assert rows[0]["precision"] == "BFloat16"  # the row comes back as it was given
+
+
+def test_batch_reads_a_spreadsheets_csv(tmp_path, capsys):
+    """A byte-order mark and CRLF line ends, as spreadsheets export CSV, and a checkpoint id as the model."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"\xef\xbb\xbfmodel,gpu,tp,isl,osl,concurrency,precision\r\n"
+                    b"meta-llama/Llama-3.1-8B-Instruct,NVIDIA H100-SXM5-80GB,1,256,16,2,bf16\r\n")
+    assert main(["simulate", "--batch", str(src)]) == 0
+    rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
+    assert rows[0]["model"] == "meta-llama/Llama-3.1-8B-Instruct" and float(rows[0]["tpot_ms"]) > 0

@@ -279,7 +279,7 @@ def print_result(r: ServingResult) -> None:
 
 def run_batch(args: argparse.Namespace) -> int:
     path = Path(args.batch)
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not a column name
         reader = csv.DictReader(f)
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in BATCH_COLUMNS if c not in header]
