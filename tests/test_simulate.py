@@ -226,7 +226,6 @@ def test_batch_csv_roundtrip(tmp_path, capsys):
                    f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n")
     out = tmp_path / "out.csv"
     assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 0
-
     rows = list(csv.DictReader(open(out)))
     assert [r["precision"] for r in rows] == ["bf16", "fp8", "bf16"]
     assert all(float(r["ttft_ms"]) > 0 and float(r["tpot_ms"]) > 0 and float(r["output_tokens_per_s"]) > 0
