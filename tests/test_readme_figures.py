@@ -79,11 +79,13 @@ def test_planner_and_published_serving_figures_are_their_json():
             f"TTFT {s['ttft_within_25pct']} of {s['ttft_runs']} within 25 % (MAPE {s['ttft_mape']:.1f} %") in row
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/accuracy.md"])
 @pytest.mark.parametrize("gpu", GPUS)
-def test_per_operator_table_is_the_loo_matrix(gpu):
-    """Every cell of the README's per-operator table (in-sample, from each family, the roofline)."""
+def test_per_operator_table_is_the_loo_matrix(gpu, page):
+    """Every cell of the per-operator table (in-sample, from each family, the roofline), in the README and in
+    docs/accuracy.md alike."""
     loo = _json("accuracy.json")["loo_matrix"][gpu]
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / page).read_text()
     short = gpu.removeprefix("NVIDIA ")
     family = {"NVIDIA A100-SXM4-80GB": "ampere", "NVIDIA H100 80GB HBM3": "hopper",
               "NVIDIA B300 SXM6 AC": "blackwell"}[gpu]
@@ -94,7 +96,7 @@ def test_per_operator_table_is_the_loo_matrix(gpu):
                   for src in ("ampere", "hopper", "blackwell")]
         cells.append(f"{loo[kind]['baseline_eta0.75']:.2f} %")
         first = f"{short} ({family})" if kind == "gemm" else short
-        assert f"| {first} | {label} | " + " | ".join(cells) + " |" in readme, (gpu, kind)
+        assert f"| {first} | {label} | " + " | ".join(cells) + " |" in readme, (page, gpu, kind)
 
 
 def test_serving_and_plugin_figures_are_their_runs_of_record():
