@@ -84,6 +84,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
         assumptions={
             "engine": "vLLM V1 Scheduler (0.32/0.33), OpenAI API server defaults",
+            "model": timer.pred.model.name,  # the shapes simulated (a checkpoint id resolves to its preset's)
             "gpu": spec.name, **({"device": spec.source} if spec.arch == "cpu" else {}), "tp": tp,
             "precision": precision, "concurrency": cfg.concurrency,
             "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,

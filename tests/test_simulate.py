@@ -606,3 +606,15 @@ def test_batch_reads_a_spreadsheets_csv(tmp_path, capsys):
     assert main(["simulate", "--batch", str(src)]) == 0
     rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
     assert rows[0]["model"] == "meta-llama/Llama-3.1-8B-Instruct" and float(rows[0]["tpot_ms"]) > 0
+
+
+def test_the_simulated_shapes_are_named(capsys):
+    """A checkpoint id resolves to its preset's shapes, and the result says which (text and JSON)."""
+    import json
+
+    args = ["simulate", "--model", "nvidia/Llama-3.1-8B-Instruct-FP8", "--gpu", "h100-sxm", "--isl", "256", "--osl",
+            "16", "--concurrency", "2", "--precision", "fp8"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith(f"{L8} on NVIDIA H100 80GB HBM3 x1 fp8")
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["model"] == L8

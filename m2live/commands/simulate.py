@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
 def print_result(r: ServingResult) -> None:
     c = Console(width=140)
     a, s, m = r.assumptions, r.steps, r.memory
-    c.print(f"[bold]{a['gpu']}[/bold]" + (f" ({a['device']})" if a.get("device") else "")
+    c.print(f"{a['model']} on [bold]{a['gpu']}[/bold]" + (f" ({a['device']})" if a.get("device") else "")
             + f" x{a['tp']} {a['precision']} — concurrency {a['concurrency']}, "
             f"{a['num_prompts']} requests")
     t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
