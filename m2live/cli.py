@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """The error as one line: an OS error raised by open() as "PATH: reason" (not "[Errno 2] ... 'PATH'")."""
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return f"{e.filename}: {e.strerror.lower()}"
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except _expected_errors() as e:
-        msg = _one_line(e)
+        msg = one_line(e)
         print(f"m2live {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -37,6 +37,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
@@ -182,7 +183,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0) -> ServingResult:
-    _check_precision(precision)
+    precision = _check_precision(precision)
     gpu, constants = _device(gpu_name, model, tp)
     kv_tokens = None
     if calibration:
@@ -299,9 +300,10 @@ def run_batch(args: argparse.Namespace) -> int:
     rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
+    kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)]  # the input's columns, echoed
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
-        out = {k: row.get(k, "") for k in header if k not in (*BATCH_OUT, BATCH_ERROR)}
+        out = {k: row.get(k, "") for k in kept}
         try:
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
@@ -310,19 +312,14 @@ def run_batch(args: argparse.Namespace) -> int:
                         tokenize_us=tokenize_us, seed=seed,
                         request_rate=rate if rate_cell is None else rate_cell)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
-            msg = _row_message(e)  # stderr, and the other rows still run (nothing computed is lost)
+            msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
-            out.update({k: "" for k in BATCH_OUT})
             out[BATCH_ERROR] = msg
         else:
             out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                         "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
         out_rows.append(out)
-    fields = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)] + list(BATCH_OUT)
-    if failed:
-        fields.append(BATCH_ERROR)
-        for out in out_rows:
-            out.setdefault(BATCH_ERROR, "")
+    fields = [*kept, *BATCH_OUT, *([BATCH_ERROR] if failed else [])]  # blank cells where a row has none
     if args.output:
         with open(args.output, "w", newline="") as f:
             _write(f, fields, out_rows)
@@ -363,15 +360,10 @@ def _row_errors(where: str) -> Iterator[None]:
     try:
         yield
     except (ValueError, KeyError, OSError) as e:
-        raise SimulationError(f"{where}: {_row_message(e)}") from None
-
-
-def _row_message(e: BaseException) -> str:
-    """An error's first line (its class name when it has no text)."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise SimulationError(f"{where}: {one_line(e)}") from None
 
 
 def _write(f, fields: list[str], rows: list[dict]) -> None:
-    w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+    w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n", restval="")
     w.writeheader()
     w.writerows(rows)
