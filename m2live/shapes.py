@@ -203,8 +203,22 @@ CHECKPOINT_WORDS = frozenset({"instruct", "chat", "it", "base", "hf", "fp8", "dy
 
 def _arch_key(name: str) -> str:
     """A model id reduced to its architecture: the part after the last slash, without CHECKPOINT_WORDS."""
-    words = re.split(r"[-_]", name.split("/")[-1].lower())
+    words = re.split(r"[-_\s]", name.split("/")[-1].lower())
     return norm_name("".join(w for w in words if w not in CHECKPOINT_WORDS))
+
+
+def _arch_index() -> dict[str, ModelShape]:
+    """Architecture key -> preset, for the presets' own names and PRESET_ALIASES; two names of one key must be
+    one preset."""
+    index: dict[str, ModelShape] = {}
+    for name, target in (*((n, n) for n in PRESETS), *PRESET_ALIASES.items()):
+        key = _arch_key(name)
+        if index.setdefault(key, PRESETS[target]) is not PRESETS[target]:
+            raise ImportError(f"preset names {name!r} and {index[key].name!r} reduce to one architecture key")
+    return index
+
+
+_ARCH_INDEX = _arch_index()
 
 
 def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
@@ -216,18 +230,9 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     s = str(model)
     if os.path.exists(s):
         return ModelShape.from_path(s)
-    key = norm_name(s)
-    for name, shape in PRESETS.items():
-        if key in (norm_name(name), norm_name(name.split("/")[-1])):
-            return shape
-    arch = _arch_key(s)
-    if arch:
-        for name, shape in PRESETS.items():
-            if arch == _arch_key(name):
-                return shape
-        for alias, target in PRESET_ALIASES.items():
-            if arch == _arch_key(alias):
-                return PRESETS[target]
+    shape = _ARCH_INDEX.get(_arch_key(s))
+    if shape is not None:
+        return shape
     raise ModelShapeError(
         f"unknown model {s!r}: not a file or directory, and not a preset or a checkpoint of one "
         f"({', '.join(PRESETS)})"
