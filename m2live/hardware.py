@@ -462,11 +462,18 @@ def norm_name(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
+def _gpu_key(name: str) -> str:
+    """A GPU name as the catalog looks it up: ``norm_name`` without the vendor in front, so that a name or alias
+    is found with or without it ("NVIDIA H100-SXM5-80GB", "b300", "NVIDIA B300")."""
+    return norm_name(name).removeprefix("nvidia")
+
+
 def _index() -> dict[str, GpuSpec]:
     idx: dict[str, GpuSpec] = {}
     for g in CATALOG:
         for key in (g.name, *g.nvml_names, *g.aliases):
-            idx[norm_name(key)] = g
+            if idx.setdefault(_gpu_key(key), g) is not g:
+                raise ImportError(f"GPU name {key!r} of {g.name} is also {idx[_gpu_key(key)].name}'s")
     return idx
 
 
@@ -476,22 +483,20 @@ _CUSTOM: dict[str, GpuSpec] = {}
 
 def register(spec: GpuSpec) -> GpuSpec:
     """Add a device at run time (e.g. the CPU device measured by a microbenchmark)."""
-    _CUSTOM[norm_name(spec.name)] = spec
-    for a in spec.aliases:
-        _CUSTOM[norm_name(a)] = spec
+    for key in (spec.name, *spec.aliases):
+        _CUSTOM[_gpu_key(key)] = spec
     return spec
 
 
 def get_gpu(name: str | GpuSpec) -> GpuSpec:
-    """Resolve an exact NVML name (``NVIDIA H100 80GB HBM3``) or a short alias (``h100-sxm``)."""
+    """Resolve an exact NVML name (``NVIDIA H100 80GB HBM3``) or a short alias (``h100-sxm``), the vendor in front
+    or not."""
     if isinstance(name, GpuSpec):
         return name
     if not isinstance(name, str) or not name.strip():
         raise UnknownGpuError(f"GPU name must be a non-empty string, got {name!r}")
-    key = norm_name(name)
+    key = _gpu_key(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
-    if spec is None and key.startswith("nvidia"):  # an alias with the vendor in front ("NVIDIA H100-SXM5-80GB")
-        spec = _CUSTOM.get(key[6:]) or _INDEX.get(key[6:])
     if spec is not None:
         return spec
     close = close_matches(name)
