@@ -97,7 +97,7 @@ def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
 CACHE_ENTRIES = 65536  # a per-shape cache is emptied when it holds more (a long run's shapes never pile up)
 
 
-def _remember(cache: dict, key: Hashable, value: Any) -> Any:
+def remember(cache: dict, key: Hashable, value: Any) -> Any:
     """Store ``value`` under ``key`` in a per-shape cache (emptied first when full) and return it."""
     if len(cache) > CACHE_ENTRIES:
         cache.clear()
@@ -164,7 +164,7 @@ class OpModel:
         eta_mem = self._eta_mem(nbytes)
         fixed = self.c.t_kernel + (self._split_reduce(m, n, e.split_k) if e.split_k > 1 else 0.0)
         out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
-        return _remember(self._gemm_cache, key, out)
+        return remember(self._gemm_cache, key, out)
 
     def gemm_pick(self, m: int, n: int, k: int) -> GemmEfficiency:
         """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
@@ -456,7 +456,7 @@ class OpModel:
             resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit
             waves = -(-tokens // (self._sms * resident))
             t = max(t, (waves - 1) * self.c.t_cache_cta)
-        return _remember(self._write_cache, key, t)
+        return remember(self._write_cache, key, t)
 
     def elementwise(self, nbytes: float, kernels: int = 1) -> OpTime:
         """``kernels`` memory-bound kernels moving ``nbytes`` in all (norms, RoPE, activation, KV writes)."""

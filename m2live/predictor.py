@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from .efficiency import ENERGY_PER_FLOP, ArchConstants
 from .hardware import GpuSpec
-from .operators import OpModel, OpTime, _remember, branch
+from .operators import OpModel, OpTime, branch, remember
 from .shapes import ModelShape, get_model
 from .step import Step
 
@@ -344,7 +344,7 @@ class Predictor:
             if self.tp > 1:
                 extra += self.ops.allgather(sampled * n_v * self.model.dtype_bytes, self.tp)
                 extra += self.ops.elementwise(logits * GATHER_COPY_BYTES_PER_LOGIT).t
-            _remember(self._sampling_s, sampled, extra)
+            remember(self._sampling_s, sampled, extra)
         return OpTime(g.t + extra, g.bound, g.t_compute, g.t_memory, g.factors)
 
     def t_launch(self, tokens: int) -> float:
