@@ -29,6 +29,18 @@ def engine_steps(prompts: list[int], outputs: list[int], concurrency: int, budge
     return [({i: k for i, k in rec["sched"]}, set()) for rec in eng.trace], eng
 
 
+BATCH_HEADER = "model,gpu,tp,isl,osl,concurrency,precision"
+
+
+def _batch(tmp_path, body: str, header: str = BATCH_HEADER) -> tuple[int, list[dict]]:
+    """``simulate --batch`` on a CSV of ``header`` and ``body`` written to in.csv: (exit code, the rows it wrote to
+    o.csv; none when it wrote nothing)."""
+    src, dst = tmp_path / "in.csv", tmp_path / "o.csv"
+    src.write_text(f"{header}\n{body}")
+    rc = main(["simulate", "--batch", str(src), "-o", str(dst)])
+    return rc, list(csv.DictReader(open(dst))) if dst.exists() else []
+
+
 CASES = {
     # name: prompts, outputs, concurrency, token budget, max_num_seqs, KV blocks
     "chunking_and_budget": ([40, 40, 40], [5, 5, 5], 3, 64, 8, 100),
@@ -220,13 +232,9 @@ def test_cli_single_and_json(capsys):
 
 
 def test_batch_csv_roundtrip(tmp_path, capsys):
-    src = tmp_path / "in.csv"
-    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,max_num_seqs\n"
-                   f"{L8},h100-sxm,1,1024,128,16,bf16,\n{L8},h100-sxm,1,1024,128,16,fp8,\n"
-                   f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n")
-    out = tmp_path / "out.csv"
-    assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 0
-    rows = list(csv.DictReader(open(out)))
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,16,bf16,\n{L8},h100-sxm,1,1024,128,16,fp8,\n"
+                                f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n", header=f"{BATCH_HEADER},max_num_seqs")
+    assert rc == 0
     assert [r["precision"] for r in rows] == ["bf16", "fp8", "bf16"]
     assert all(float(r["ttft_ms"]) > 0 and float(r["tpot_ms"]) > 0 and float(r["output_tokens_per_s"]) > 0
                for r in rows)
@@ -302,34 +310,25 @@ def test_allreduce_fusion_switch_cli_and_batch(tmp_path, capsys):
     (f"{L70},h100-sxm,1,1024,128,16,bf16", "in.csv:3: does not fit"),
 ])
 def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
-    src = tmp_path / "in.csv"
-    src.write_text(f"model,gpu,tp,isl,osl,concurrency,precision,async_scheduling\n{L8},h100-sxm,1,64,8,2,bf16,\n"
-                   f"{row}\n")
-    dst = tmp_path / "o.csv"
-    rc = main(["simulate", "--batch", str(src), "-o", str(dst)])
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,64,8,2,bf16,\n{row}\n", header=f"{BATCH_HEADER},async_scheduling")
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("m2live simulate: error:") and msg in lines[0], err
-    if dst.exists():  # a configuration that cannot run (not a malformed row): the rows that can are not lost
-        rows = list(csv.DictReader(open(dst)))
+    if rows:  # a configuration that cannot run (not a malformed row): the rows that can are not lost
         assert float(rows[0]["tpot_ms"]) > 0 and rows[0]["error"] == ""
         assert rows[1]["tpot_ms"] == "" and rows[1]["error"] and rows[1]["error"] in lines[0]
 
 
 def test_batch_writes_every_row_when_some_cannot_run(tmp_path, capsys):
     """A sweep that includes layouts which do not fit still returns every row that runs, the others with why."""
-    src = tmp_path / "in.csv"
-    src.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
-                   f"{L8},h100-sxm,1,256,16,2,bf16\n{L70},h100-sxm,1,256,16,2,bf16\n"
-                   f"{L70},h100-sxm,3,256,16,2,bf16\n{L70},h100-sxm,4,256,16,2,bf16\n")
-    dst = tmp_path / "o.csv"
-    assert main(["simulate", "--batch", str(src), "-o", str(dst)]) == 2
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,256,16,2,bf16\n{L70},h100-sxm,1,256,16,2,bf16\n"
+                                f"{L70},h100-sxm,3,256,16,2,bf16\n{L70},h100-sxm,4,256,16,2,bf16\n")
+    assert rc == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "in.csv:3: does not fit" in lines[0] and "in.csv:4: TP=3" in lines[1], lines
-    rows = list(csv.DictReader(open(dst)))
     assert [bool(r["tpot_ms"]) for r in rows] == [True, False, False, True]
     assert rows[1]["error"].startswith("does not fit") and rows[3]["error"] == ""
-    assert main(["simulate", "--batch", str(src)]) == 2  # to stdout alike
+    assert main(["simulate", "--batch", str(tmp_path / "in.csv")]) == 2  # to stdout alike
     assert len(capsys.readouterr().out.strip().splitlines()) == 5
 
 
