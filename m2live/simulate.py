@@ -103,8 +103,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs,
                                        allreduce_fusion=cfg.allreduce_fusion)
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
-    prompts = _lengths(isl, n, "isl")
-    outputs = _lengths(osl, n, "osl")
+    prompts = request_lengths(isl, n, "isl")
+    outputs = request_lengths(osl, n, "osl")
     longest = int((prompts + outputs).max())
     mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
     kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
@@ -128,7 +128,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums
 
 
-def _lengths(x: int | Sequence[int], n: int, what: str) -> np.ndarray:
+def request_lengths(x: int | Sequence[int], n: int, what: str) -> np.ndarray:
+    """``n`` requests' prompt or output lengths from one length or a list (repeated), each checked in range."""
     vals = [x] if isinstance(x, (int, np.integer)) else list(x)
     if not vals:
         raise SimulationError(f"{what}: no length given")
@@ -144,6 +145,7 @@ __all__ = [  # every name m2live.simulate offered before the split
     "BLOCK_SIZE", "CPU_BLOCK_SIZE", "DEFAULT_PROMPTS_PER_CONCURRENCY", "FRONTEND_S", "FRONTEND_SERVICE_S", "GIB",
     "SEGMENT_SAMPLES", "BatchStep", "Engine", "EngineStats", "GpuSpec", "HostConstants", "ModelShape",
     "Prediction", "Predictor", "ServingConfig", "ServingResult", "SimulationError", "Step", "StepTimer", "bounds",
-    "cached_prefix", "cuda_graph_capture_max", "get_gpu", "get_model", "kv_capacity", "make_predictor", "simulate",
+    "cached_prefix", "cuda_graph_capture_max", "get_gpu", "get_model", "kv_capacity", "make_predictor",
+    "request_lengths", "simulate",
     "summarize", "vllm_batch_defaults",
 ]

@@ -308,6 +308,7 @@ def test_allreduce_fusion_switch_cli_and_batch(tmp_path, capsys):
     (f"{L8},h100-sxm,1,1024,128,16,int4", "in.csv:3: precision"),
     (f"{L8},NVIDIA A100-SXM4-80GB,1,1024,128,16,fp8", "in.csv:3:"),
     (f"{L70},h100-sxm,1,1024,128,16,bf16", "in.csv:3: does not fit"),
+    (f"{L8},h100-sxm,1,{'9' * 24},128,16,bf16", "in.csv:3: isl " + "9" * 24 + " is beyond"),
 ])
 def test_batch_bad_row_names_the_row_and_exits_2(tmp_path, capsys, row, msg):
     rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,64,8,2,bf16,\n{row}\n", header=f"{BATCH_HEADER},async_scheduling")

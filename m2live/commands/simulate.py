@@ -49,6 +49,7 @@ from ..simulate import (
     SimulationError,
     cuda_graph_capture_max,
     make_predictor,
+    request_lengths,
     simulate,
     vllm_batch_defaults,
 )
@@ -345,6 +346,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
+    request_lengths(fields_[3], 1, "isl"), request_lengths(fields_[4], 1, "osl")  # the simulator's own bounds
     limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
