@@ -29,14 +29,27 @@ from dataclasses import replace
 
 import numpy as np
 
-from .calibration_file import MIN_ROWS, SCHEMA, Calibration, load, load_for, read_rows, rows_from_tables
+from .calibration_file import (
+    MIN_ROWS,
+    SCHEMA,
+    Calibration,
+    fp8_prior,
+    load,
+    load_for,
+    read_rows,
+    rows_from_tables,
+)
 from .calibration_params import (
     ALL_CALIBRATED,
     BOUNDS,
     BOUNDS_REL,
     CALIBRATED,
+    CARRIED_TO_FP8,
     DISCRETE,
+    DTYPE,
     FILES,
+    FP8_CALIBRATED,
+    GEMM_KINDS,
     KINDS,
     LINEAR,
     PRIMARY,
@@ -50,7 +63,9 @@ from .calibration_params import (
     Params,
     Row,
     active,
+    carry_to_fp8,
     predict_rows,
+    row_kind,
 )
 from .calibration_plan import (
     DEFAULT_BUDGET,
@@ -121,8 +136,9 @@ def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
 
 
 # Kinds whose constants overlap are fitted together (the attention floor is in prefill and decode rows alike);
-# GEMM constants are independent of attention's.
-FIT_GROUPS: tuple[tuple[str, ...], ...] = (("gemm",), ("prefill", "decode"))
+# GEMM constants are independent of attention's. fp8 GEMMs have constants of their own (ArchConstants of another
+# precision): ``fit`` fits them apart, after the bf16 groups.
+FIT_GROUPS: tuple[tuple[str, ...], ...] = (("gemm",), ("prefill", "decode"), ("gemm_fp8",))
 
 
 # How much a fit may move the constants, chosen per fit group by cross-validation on the measured rows: which
@@ -321,7 +337,9 @@ def _fit_group(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, names: l
 
 def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] | None = None,
         created: str | None = None) -> Calibration:
-    """Calibrate ``gpu_name`` on the measured tables in ``directory`` (or on ``rows``)."""
+    """Calibrate ``gpu_name`` on the measured tables in ``directory`` (or on ``rows``): the bf16 kinds' constants
+    over the family's, then the fp8 GEMM constants (gemm_fp8 rows) over the family's with what the bf16 fit says
+    of the GPU (``calibration_params.CARRIED_TO_FP8``)."""
     from . import __version__
 
     gpu = get_gpu(gpu_name)
@@ -330,34 +348,55 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
     rows = list(rows) if rows is not None else read_rows(directory or ".", gpu)
     if not rows:
         raise CalibrationError("no measured rows to calibrate on")
-    prior = constants_for(gpu)
     how: dict = {}
-    values = fit_constants(gpu, rows, prior, report=how)
-    fitted = replace(prior, **values)
+    parts: dict[str, tuple[ArchConstants, dict[str, float]]] = {}  # precision -> (prior, fitted values)
+    prior = constants_for(gpu)
+    bf16_rows = [r for r in rows if DTYPE[r.kind] == "bf16"]
+    values = fit_constants(gpu, bf16_rows, prior, report=how) if bf16_rows else {}
+    parts["bf16"] = (prior, values)
+    fp8_rows = [r for r in rows if DTYPE[r.kind] == "fp8"]
+    if fp8_rows:
+        if gpu.fp8_tflops is None:
+            raise CalibrationError(f"fp8 GEMM rows, but {gpu.name} has no fp8 tensor cores")
+        start = fp8_prior(gpu, values)
+        parts["fp8"] = (start, fit_constants(gpu, fp8_rows, start, report=how))
     residual: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     for k in KINDS:
         sub = [r for r in rows if r.kind == k]
         counts[k] = len(sub)
         if sub:
+            p, vals = parts[DTYPE[k]]
             meas = np.array([r.ms for r in sub])
-            residual[k] = {"mape_prior": round(_mape(predict_rows(gpu, prior, sub), meas), 3),
-                           "mape_fitted": round(_mape(predict_rows(gpu, fitted, sub), meas), 3)}
+            residual[k] = {"mape_prior": round(_mape(predict_rows(gpu, p, sub), meas), 3),
+                           "mape_fitted": round(_mape(predict_rows(gpu, replace(p, **vals), sub), meas), 3)}
     consts = {n: {"prior": float(getattr(prior, n)), "fitted": v} for n, v in values.items()}
+    consts8: dict[str, dict[str, float]] = {}
+    if "fp8" in parts:
+        family8 = constants_for(gpu, "fp8")
+        consts8 = {n: {"prior": float(getattr(family8, n)), "fitted": v} for n, v in parts["fp8"][1].items()}
     return Calibration(gpu.name, gpu.kernel_family, consts, counts, residual, __version__,
-                       created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), fit=how)
+                       created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), fit=how,
+                       constants_fp8=consts8)
 
 
 def score(cal: Calibration | None, gpu_name: str, rows: Sequence[Row]) -> float:
-    """MAPE (%) of ``rows`` under ``cal`` (None: the architecture's constants)."""
+    """MAPE (%) of ``rows`` under ``cal`` (None: the architecture's constants), each precision's rows with that
+    precision's constants."""
     gpu = get_gpu(gpu_name)
-    c = cal.arch_constants() if cal else constants_for(gpu)
-    return _mape(predict_rows(gpu, c, rows), np.array([r.ms for r in rows]))
+    pred = np.empty(len(rows))
+    for dtype in ("bf16", "fp8"):
+        idx = [i for i, r in enumerate(rows) if DTYPE[r.kind] == dtype]
+        if idx:
+            c = cal.arch_constants(dtype) if cal else constants_for(gpu, dtype)
+            pred[idx] = predict_rows(gpu, c, [rows[i] for i in idx])
+    return _mape(pred, np.array([r.ms for r in rows]))
 
 
 
 __all__ = [  # every name m2live.calibrate offered before the split (the bench, tests and commands use them)
-    "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CV_CONFIGS", "CV_FOLDS", "CV_MIN_ROWS", "FEW_ROWS_CONFIG",
+    "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CARRIED_TO_FP8", "CV_CONFIGS", "DTYPE", "FP8_CALIBRATED",
+    "GEMM_KINDS", "carry_to_fp8", "fp8_prior", "row_kind", "CV_FOLDS", "CV_MIN_ROWS", "FEW_ROWS_CONFIG",
     "DEFAULT_BUDGET", "DISCRETE", "FILES", "FIT_GROUPS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS",
     "PRIMARY", "RESID_SCALE", "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT",
     "TABLE_KIND", "ArchConstants", "Calibration", "CalibrationError", "GpuSpec",

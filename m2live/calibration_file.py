@@ -15,7 +15,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .calibration_params import ALL_CALIBRATED, FILES, LINEAR, SHAPE_COLS, TABLE_KIND, CalibrationError, Row
+from .calibration_params import (
+    ALL_CALIBRATED,
+    FILES,
+    FP8_CALIBRATED,
+    LINEAR,
+    SHAPE_COLS,
+    CalibrationError,
+    Row,
+    carry_to_fp8,
+    row_kind,
+)
 from .efficiency import ArchConstants, constants_for
 from .hardware import GpuSpec, get_gpu
 from .validate import TableError, in_core_region, measured, read_table
@@ -30,23 +40,39 @@ MIN_ROWS = 4  # fewer measured rows of a kind than this cannot pin anything: ref
 class Calibration:
     gpu: str  # canonical NVML name
     arch: str  # kernel family whose constants it refines (GpuSpec.kernel_family)
-    constants: dict[str, dict[str, float]]  # name -> {"prior": x, "fitted": y}
+    constants: dict[str, dict[str, float]]  # name -> {"prior": x, "fitted": y}: bf16 (cuBLAS GEMMs, attention)
     rows: dict[str, int]  # rows used per kind
     residual: dict[str, dict[str, float]]  # kind -> {"mape_prior": x, "mape_fitted": y} on the rows used
     m2live_version: str = ""
     created: str = ""
     fit: dict = field(default_factory=dict)  # per fit group: what cross-validation chose, out-of-fold MAPEs
     path: str | None = field(default=None, compare=False)
+    # the fp8 GEMM constants (vLLM's CUTLASS scaled-mm), fitted on gemm_fp8 rows over ``fp8_prior``: {} when no
+    # fp8 row was measured (the fp8 constants then still take what the bf16 fit says of the GPU: carry_to_fp8)
+    constants_fp8: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def fitted(self) -> dict[str, float]:
-        return {n: v["fitted"] for n, v in self.constants.items()}
+    def fitted(self, dtype: str = "bf16") -> dict[str, float]:
+        return {n: v["fitted"] for n, v in (self.constants_fp8 if dtype == "fp8" else self.constants).items()}
 
-    def arch_constants(self) -> ArchConstants:
-        """The architecture's constants with this GPU's fitted values."""
+    def arch_constants(self, dtype: str = "bf16") -> ArchConstants:
+        """The architecture's constants with this GPU's fitted values: the bf16 ones, or (``dtype`` fp8) the
+        fp8 GEMM constants — the family's, with what the bf16 fit says of the GPU, then the fp8 fit's."""
         used = ", ".join(f"{n} {k}" for k, n in self.rows.items() if n)
-        return replace(constants_for(get_gpu(self.gpu)), **self.fitted(),
-                       fitted_on=f"calibration of {self.gpu} ({used} measured rows)"
+        gpu = get_gpu(self.gpu)
+        if dtype == "fp8":
+            base = fp8_prior(gpu, self.fitted())
+        else:
+            base = constants_for(gpu)
+        return replace(base, **self.fitted(dtype), fitted_on=f"calibration of {self.gpu} ({used} measured rows)"
                        + (f", {self.path}" if self.path else ""))
+
+    def predictor_constants(self) -> dict[str, ArchConstants]:
+        """``Predictor``'s keyword arguments for this calibration: ``constants`` (bf16) and, on a GPU with fp8
+        tensor cores, ``fp8_constants`` (the four projections of an fp8 model)."""
+        out = {"constants": self.arch_constants()}
+        if get_gpu(self.gpu).fp8_tflops is not None:
+            out["fp8_constants"] = self.arch_constants("fp8")
+        return out
 
     def label(self) -> str:
         """What the info metric and the CLI say about this calibration."""
@@ -60,9 +86,12 @@ class Calibration:
                                    "with `m2live calibrate plan/fit` or drop --calibration")
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "gpu": self.gpu, "arch": self.arch, "m2live_version": self.m2live_version,
-                "created": self.created, "constants": self.constants, "rows": self.rows, "residual": self.residual,
-                "fit": self.fit}
+        doc = {"schema": SCHEMA, "gpu": self.gpu, "arch": self.arch, "m2live_version": self.m2live_version,
+               "created": self.created, "constants": self.constants, "rows": self.rows, "residual": self.residual,
+               "fit": self.fit}
+        if self.constants_fp8:
+            doc["constants_fp8"] = self.constants_fp8
+        return doc
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
@@ -80,26 +109,41 @@ class Calibration:
             raise CalibrationError(f"{where}: {e}") from None
         if doc.get("arch") != gpu.kernel_family:
             raise CalibrationError(f"{where}: arch {doc.get('arch')!r} is not {gpu.name}'s ({gpu.kernel_family})")
-        consts = doc.get("constants")
-        if not isinstance(consts, dict) or not consts:
+        consts, consts8 = doc.get("constants"), doc.get("constants_fp8", {})
+        if not isinstance(consts, dict) or not isinstance(consts8, dict) or not (consts or consts8):
             raise CalibrationError(f"{where}: no constants")
-        clean: dict[str, dict[str, float]] = {}
-        for n, v in consts.items():
-            if n not in ALL_CALIBRATED:
-                raise CalibrationError(f"{where}: {n!r} is not a calibrated constant ({', '.join(ALL_CALIBRATED)})")
-            try:
-                prior, val = float(v["prior"]), float(v["fitted"])
-            except (TypeError, KeyError, ValueError):
-                raise CalibrationError(f"{where}: constant {n!r} needs numeric 'prior' and 'fitted'") from None
-            if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
-                raise CalibrationError(f"{where}: constant {n!r} has an invalid fitted value {v['fitted']!r}")
-            if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
-                raise CalibrationError(f"{where}: constant {n!r} is the exponent of a soft maximum: at least 1, "
-                                       f"not {v['fitted']!r}")
-            clean[n] = {"prior": prior, "fitted": val}
+        if consts8 and gpu.fp8_tflops is None:
+            raise CalibrationError(f"{where}: fp8 constants for {gpu.name}, which has no fp8 tensor cores")
+        clean = _checked_constants(consts, ALL_CALIBRATED, where, "constant")
+        clean8 = _checked_constants(consts8, FP8_CALIBRATED, where, "fp8 constant")
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),
-                   dict(doc.get("fit") or {}), path)
+                   dict(doc.get("fit") or {}), path, clean8)
+
+
+def fp8_prior(gpu: GpuSpec, bf16_fitted: dict[str, float]) -> ArchConstants:
+    """The fp8 GEMM constants a calibration starts from: the family's, with what the bf16 fit ``bf16_fitted``
+    says of this GPU (``calibration_params.CARRIED_TO_FP8``)."""
+    return carry_to_fp8(constants_for(gpu, "fp8"), constants_for(gpu), bf16_fitted)
+
+
+def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what: str) -> dict[str, dict[str, float]]:
+    """A file's constants section, each name one that section calibrates and each value a valid one."""
+    clean: dict[str, dict[str, float]] = {}
+    for n, v in consts.items():
+        if n not in allowed:
+            raise CalibrationError(f"{where}: {n!r} is not a calibrated {what} ({', '.join(allowed)})")
+        try:
+            prior, val = float(v["prior"]), float(v["fitted"])
+        except (TypeError, KeyError, ValueError):
+            raise CalibrationError(f"{where}: {what} {n!r} needs numeric 'prior' and 'fitted'") from None
+        if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
+            raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
+        if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
+            raise CalibrationError(f"{where}: {what} {n!r} is the exponent of a soft maximum: at least 1, "
+                                   f"not {v['fitted']!r}")
+        clean[n] = {"prior": prior, "fitted": val}
+    return clean
 
 
 def load(path: str | os.PathLike) -> Calibration:
@@ -117,14 +161,14 @@ def load(path: str | os.PathLike) -> Calibration:
     return Calibration.from_json(doc, p)
 
 
-def load_for(path: str | os.PathLike | None, gpu: GpuSpec | str) -> ArchConstants | None:
-    """The constants to predict ``gpu`` with under the calibration at ``path`` (None: no calibration); refuses a
-    calibration of another GPU."""
+def load_for(path: str | os.PathLike | None, gpu: GpuSpec | str) -> dict[str, ArchConstants]:
+    """``Predictor``'s constants keyword arguments for ``gpu`` under the calibration at ``path`` ({}: no
+    calibration; ``Calibration.predictor_constants``); refuses a calibration of another GPU."""
     if not path:
-        return None
+        return {}
     cal = load(path)
     cal.check_gpu(gpu)
-    return cal.arch_constants()
+    return cal.predictor_constants()
 
 
 # ---- reading measured tables --------------------------------------------------------------------------------
@@ -155,12 +199,14 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec) -> list[Row]:
                     other = dev
                 if other != gpu.name:
                     raise CalibrationError(f"{p}:{i}: a row of {dev}, not {gpu.name}: calibrate one GPU per folder")
-            k = TABLE_KIND[kind]
+            k = row_kind(kind, t.dtype)
+            if k == "gemm_fp8" and gpu.fp8_tflops is None:
+                raise CalibrationError(f"{p}: fp8 GEMMs, but {gpu.name} has no fp8 tensor cores")
             try:
                 cells = {c: str(int(float(row[c]))) for c in SHAPE_COLS[k]}
             except (KeyError, ValueError):
                 raise CalibrationError(f"{p}:{i}: malformed shape cells") from None
-            if k != "gemm" and int(cells["head_dim"]) % 8:
+            if "head_dim" in cells and int(cells["head_dim"]) % 8:
                 raise CalibrationError(f"{p}:{i}: head_dim {cells['head_dim']} is not a multiple of 8")
             rows.append(Row(k, cells, ms))
             n_kind[k] = n_kind.get(k, 0) + 1
@@ -183,6 +229,7 @@ def rows_from_tables(paths: Iterable[str | os.PathLike], region: bool = True,
         for kind, row, ms in zip(t.kinds, t.rows, meas, strict=True):
             if region and not in_core_region(kind, row):
                 continue
-            if keep is None or keep(TABLE_KIND[kind], row):
-                out.append(Row(TABLE_KIND[kind], {c: row[c] for c in SHAPE_COLS[TABLE_KIND[kind]]}, ms))
+            k = row_kind(kind, t.dtype)
+            if keep is None or keep(k, row):
+                out.append(Row(k, {c: row[c] for c in SHAPE_COLS[k]}, ms))
     return out

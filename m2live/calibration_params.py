@@ -21,11 +21,21 @@ from .efficiency import ArchConstants, in_use
 from .hardware import GpuSpec
 from .validate import ATTN_COLS, GEMM_COLS, RowPredictor
 
-KINDS = ("gemm", "prefill", "decode")
+# gemm_fp8: vLLM's W8A8 fp8 linear layer (CUTLASS scaled-mm, the input's quantisation included: opbench_fp8's
+# gemm_fp8.csv), fitted on its own constants (efficiency.ARCH_FP8) — a kernel library apart from cuBLAS's bf16.
+KINDS = ("gemm", "prefill", "decode", "gemm_fp8")
 TABLE_KIND = {"gemm": "gemm", "prefill_attention": "prefill", "decode_attention": "decode"}  # validate's -> ours
-ROW_KIND = {v: k for k, v in TABLE_KIND.items()}
-FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv"}
-SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS}
+ROW_KIND = {**{v: k for k, v in TABLE_KIND.items()}, "gemm_fp8": "gemm"}  # ours -> validate's
+DTYPE = {"gemm": "bf16", "prefill": "bf16", "decode": "bf16", "gemm_fp8": "fp8"}  # the constants a kind's rows see
+FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv",
+         "gemm_fp8": "gemm_fp8.csv"}
+SHAPE_COLS = {"gemm": GEMM_COLS, "prefill": ATTN_COLS, "decode": ATTN_COLS, "gemm_fp8": GEMM_COLS}
+GEMM_KINDS = ("gemm", "gemm_fp8")
+
+
+def row_kind(table_kind: str, dtype: str) -> str:
+    """Our kind of a table row: validate's kind, and fp8 for an fp8 table's GEMMs."""
+    return "gemm_fp8" if dtype == "fp8" else TABLE_KIND[table_kind]
 
 # The constants a calibration fits, by the rows that see them. Every name is a field of ArchConstants (checked
 # below); a constant shared by two kinds (the attention floor) is fitted on both kinds' rows together.
@@ -35,6 +45,12 @@ CALIBRATED: dict[str, tuple[str, ...]] = {
     "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
                "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
+    # the fp8 GEMM group as bench/fit_fp8.py fits it (efficiency.FITTED_GROUPS["fp8_gemm"]): CUTLASS's ceiling,
+    # feed, latency, streaming and K-block floor, and the input quantisation's per-row cost and per-SM stream.
+    # The board's and the L2's constants (limiter_headroom, l2_bytes_per_clk) are the GPU's, not the kernels':
+    # the bf16 GEMM rows pin them and the fp8 constants take them from there (CARRIED_TO_FP8)
+    "gemm_fp8": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "t_kiter", "q_row",
+                 "q_sm_bw"),
 }
 # The few constants that are most plainly this GPU's own rather than its kernel library's (tensor ceiling, DRAM
 # efficiency and its ramp, kernel latency, the rate its L2 serves re-read weights at; the attention call's floor
@@ -47,13 +63,34 @@ PRIMARY: dict[str, tuple[str, ...]] = {
     "gemm": ("eta_tc", "t_kernel", "eta_mem", "t_ramp", "l2_bytes_per_clk"),
     "prefill": ("t_attn", "t_attn_over", "eta_attn"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "cta_bw"),
+    "gemm_fp8": ("eta_tc", "t_kernel", "eta_mem", "t_ramp", "q_sm_bw"),
 }
 _FIELDS = {f.name for f in fields(ArchConstants)}
 for _kind, _names in CALIBRATED.items():
     for _n in (*_names, *PRIMARY[_kind]):
         if _n not in _FIELDS:
             raise ImportError(f"CALIBRATED/PRIMARY[{_kind!r}] names {_n!r}, not an ArchConstants field")
-ALL_CALIBRATED = tuple(dict.fromkeys(n for names in CALIBRATED.values() for n in names))
+ALL_CALIBRATED = tuple(dict.fromkeys(n for k, names in CALIBRATED.items() if DTYPE[k] == "bf16" for n in names))
+FP8_CALIBRATED = CALIBRATED["gemm_fp8"]
+# What a bf16 calibration tells the fp8 constants (no fp8 row needed): the power limiter's fast loop and the rate
+# the L2 re-serves a weight at are the board's and the chip's, whatever kernel runs ("same"); the DRAM streaming
+# efficiency is the GPU's memory times its kernels' streaming, so the bf16 fit's ratio to its prior — this GPU's
+# memory against its family's calibration GPU's — scales the fp8 one ("ratio"). On the opbench GPUs from
+# another family's constants (zero-shot, bf16 calibrated on the default plan, no fp8 row): H100 fp8 GEMMs
+# 9.22 -> 7.96 %, B300 7.21 -> 6.77 % (the board and L2 alone: 8.81 / 7.19 %); in-sample priors unmoved.
+CARRIED_TO_FP8: dict[str, str] = {"limiter_headroom": "same", "l2_bytes_per_clk": "same", "eta_mem": "ratio"}
+
+
+def carry_to_fp8(fp8: ArchConstants, bf16_prior: ArchConstants, bf16_fitted: dict[str, float]) -> ArchConstants:
+    """``fp8`` (a GPU's fp8 GEMM constants) with what the bf16 calibration ``bf16_fitted`` (over ``bf16_prior``)
+    says of the GPU itself (``CARRIED_TO_FP8``)."""
+    upd: dict[str, float] = {}
+    for n, how in CARRIED_TO_FP8.items():
+        if n not in bf16_fitted:
+            continue
+        v = float(bf16_fitted[n])
+        upd[n] = v if how == "same" else float(getattr(fp8, n)) * v / float(getattr(bf16_prior, n))
+    return replace(fp8, **upd) if upd else fp8
 
 # How far the rows may move each constant from its prior, and how hard the ridge pulls it back. Constants are
 # fitted as log(theta) (positive, multiplicative errors) unless named in LINEAR (a prior of 0 is a valid value).
@@ -86,19 +123,21 @@ class CalibrationError(ValueError):
 # ---- predicting rows with a candidate set of constants ------------------------------------------------------
 @dataclass
 class Row:
-    kind: str  # gemm | prefill | decode
+    kind: str  # gemm | prefill | decode | gemm_fp8
     cells: dict[str, str]  # shape columns (and device) as in the table
     ms: float = float("nan")  # measured latency; nan for a plan row
 
 
-def _predictor(gpu: GpuSpec, c: ArchConstants) -> RowPredictor:
-    return RowPredictor(gpu.name, constants={gpu.kernel_family: c})
-
-
 def predict_rows(gpu: GpuSpec, c: ArchConstants, rows: Sequence[Row]) -> np.ndarray:
-    """Predicted ms of each row with constants ``c`` — the same code path as ``m2live ops``."""
-    rp = _predictor(gpu, c)
-    return np.array([rp.predict_row(ROW_KIND[r.kind], r.cells, i, "calibration") for i, r in enumerate(rows)])
+    """Predicted ms of each row with constants ``c`` — the same code path as ``m2live ops``. The rows are of one
+    precision (bf16 kinds, or gemm_fp8), and ``c`` that precision's constants."""
+    dtypes = {DTYPE[r.kind] for r in rows}
+    if len(dtypes) > 1:
+        raise ValueError("predict_rows: bf16 and fp8 rows take different constants; predict them apart")
+    fam = {gpu.kernel_family: c}
+    rp = RowPredictor(gpu.name, constants=fam, fp8_constants=fam)
+    return np.array([rp.predict_row(ROW_KIND[r.kind], r.cells, i, "calibration", DTYPE[r.kind])
+                     for i, r in enumerate(rows)])
 
 
 def active(names: Iterable[str], prior: ArchConstants) -> list[str]:

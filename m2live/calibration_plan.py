@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .calibration_params import KINDS, ROW_KIND, SHAPE_COLS, CalibrationError
+from .calibration_params import DTYPE, GEMM_KINDS, KINDS, ROW_KIND, SHAPE_COLS, CalibrationError
 from .hardware import get_gpu
 from .predictor import OpModel
 from .validate import ATTN_COLS, in_core_region
 
-DEFAULT_BUDGET = {"gemm": 32, "prefill": 16, "decode": 16}
+DEFAULT_BUDGET = {"gemm": 32, "prefill": 16, "decode": 16, "gemm_fp8": 32}
 
 
 # ---- the standard grid ---------------------------------------------------------------------------------------
@@ -53,9 +53,10 @@ def _grid() -> dict:
 @lru_cache(maxsize=16)
 def _grid_rows(kind: str, region: bool, common: bool) -> tuple[dict[str, str], ...]:
     g = _grid()[kind]
-    shapes = [g["rows"][i] for i in g["common"]] if common else g["rows"]
+    all_rows = _grid()[g["rows_of"]]["rows"] if "rows_of" in g else g["rows"]  # gemm_fp8: bf16's GEMM grid
+    shapes = all_rows if not common or g["common"] == "all" else [all_rows[i] for i in g["common"]]
     rows = [{c: str(v) for c, v in zip(g["columns"], r, strict=True)} for r in shapes]
-    rows = [r for r in rows if (int(r["step"]) == 0) == (kind == "prefill")] if kind != "gemm" else rows
+    rows = [r for r in rows if (int(r["step"]) == 0) == (kind == "prefill")] if kind not in GEMM_KINDS else rows
     if region:
         rows = [r for r in rows if in_core_region(ROW_KIND[kind], r)]
     return tuple(rows)
@@ -81,7 +82,7 @@ def shape_key(kind: str, row: dict[str, str]) -> tuple[int, ...]:
 def regime(om: OpModel, kind: str, row: dict[str, str]) -> str:
     """latency | memory | ridge | compute: which term bounds this shape's predicted time (ridge: the two
     branches within a factor 2 of each other)."""
-    if kind == "gemm":
+    if kind in GEMM_KINDS:
         t = om.gemm(int(row["m"]), int(row["n"]), int(row["k"]), 1.0, l2_warm=True)
     else:
         b, isl, h, kv, d, step = (int(row[c]) for c in ATTN_COLS)
@@ -100,8 +101,11 @@ def regime(om: OpModel, kind: str, row: dict[str, str]) -> str:
 def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, str]]:
     """At most ``budget`` shapes of the standard grid (accuracy region, shapes every opbench GPU was measured on)
     to measure on ``gpu_name``: the medoids of as many clusters (``medoids``). Deterministic."""
-    get_gpu(gpu_name)  # an unknown GPU is an error before any work
+    gpu = get_gpu(gpu_name)  # an unknown GPU is an error before any work
     _check_kind(kind)
+    if DTYPE[kind] == "fp8" and gpu.fp8_tflops is None:
+        raise CalibrationError(f"{gpu.name} has no fp8 tensor cores: no fp8 GEMMs to calibrate (kind gemm_fp8 is for "
+                               "Ada, Hopper and Blackwell GPUs)")
     n = DEFAULT_BUDGET[kind] if budget is None else budget
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CalibrationError(f"--budget must be a positive integer, got {budget!r}")
@@ -112,7 +116,7 @@ def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, 
 def shape_features(kind: str, rows: Sequence[dict[str, str]]) -> np.ndarray:
     """Each shape as its log dimensions (GEMM: M, N, K; attention: batch, query or context length, heads, KV
     heads), standardised over ``rows``: the space in which the plan spreads its picks."""
-    if kind == "gemm":
+    if kind in GEMM_KINDS:
         X = np.log([[int(r["m"]), int(r["n"]), int(r["k"])] for r in rows])
     else:
         length = "isl" if kind == "prefill" else "step"

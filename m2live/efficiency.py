@@ -458,6 +458,7 @@ FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 ONLY_WHERE: dict[str, Callable[[ArchConstants], bool]] = {
     # the in-kernel split-K fix-up (a fixed tile dispatch never splits K: gemm_efficiency)
     "t_fixup": lambda c: c.split_reduce == "serial" and not c.tile_rule,
+    "k_split": lambda c: not c.tile_rule,  # the split-K threshold likewise
     "t_relayout": lambda c: c.split_needs_gqa,  # FA2's grouped-query relayout (OpModel.decode_attention)
     # the slices of a split that evens out a full grid's last wave (gemm_efficiency)
     "k_balance": lambda c: c.tile_policy == "largest_filling" and not c.tile_rule,

@@ -131,14 +131,16 @@ class Predictor:
     def __init__(self, gpu: GpuSpec | str, model: ModelShape | str | os.PathLike, tp: int = 1,
                  dtype: str = "bf16", host: HostConstants | None = None,
                  constants: ArchConstants | None = None, act_scale: str = "static",
-                 allreduce_fusion: bool | None = None, sampler: bool = True):
+                 allreduce_fusion: bool | None = None, sampler: bool = True,
+                 fp8_constants: ArchConstants | None = None):
         """``dtype``: precision of the four projections' weights ("bf16", or "fp8": vLLM's W8A8 linear layers;
         attention, the KV cache, the LM head and the embeddings stay bf16). ``act_scale`` (fp8 only): "static"
         (the checkpoint's calibrated per-tensor input scales) or "dynamic" (vLLM's default for on-the-fly fp8:
         a max reduction over each projection's input every step before quantising it). ``allreduce_fusion``:
         vLLM's all-reduce + RMSNorm fusion under TP (``allreduce_fusion_max_bytes``; None: vLLM's default).
         ``sampler``: the LM head's logits go through vLLM's sampler (and the vocab gather under TP); False for a
-        model that stops at the logits (the probe's torch decoder)."""
+        model that stops at the logits (the probe's torch decoder). ``constants`` / ``fp8_constants``: the GPU's
+        own (a calibration's ``predictor_constants``) for its bf16 kernels and its fp8 GEMMs; None: the family's."""
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
         self.dtype = dtype
@@ -146,7 +148,8 @@ class Predictor:
         self.sampler = sampler
         self._sampling_s: dict[int, float] = {}  # sampler (+ vocab gather) seconds by sampled-sequence count
         self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants)
-        self.gemm_ops = OpModel(self.ops.gpu, dtype="fp8") if dtype == "fp8" else self.ops  # the 4 projections
+        self.gemm_ops = (OpModel(self.ops.gpu, dtype="fp8", constants=fp8_constants) if dtype == "fp8"
+                         else self.ops)  # the four projections
         self.gpu = self.ops.gpu
         base = get_model(model)
         self.model = base.sharded(tp)

@@ -144,8 +144,7 @@ class RowPredictor:
             c = (self.fp8_constants if dtype == "fp8" else self.constants).get(gpu.kernel_family)
             if self.calibration is not None:
                 self.calibration.check_gpu(gpu)
-                if dtype != "fp8":  # a calibration is fitted on bf16 tables; fp8 GEMMs keep ARCH_FP8
-                    c = self.calibration.arch_constants()
+                c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
             try:
                 m = self._models[(name, dtype)] = OpModel(gpu, dtype=dtype, constants=c)
             except ValueError as e:  # fp8 on a GPU without fp8 tensor cores

@@ -12,15 +12,27 @@ import pytest
 from conftest import MODELS, OPBENCH, free_port, one_line_error, run
 
 from m2live import calibrate as cal
-from m2live.efficiency import ARCH, ArchConstants, constants_for, fitted_on_this_gpu, transfer
+from m2live.efficiency import (
+    ARCH,
+    ARCH_FP8,
+    ArchConstants,
+    constants_for,
+    fitted_on_this_gpu,
+    transfer,
+    transfer_fp8,
+)
 from m2live.hardware import get_gpu
 from m2live.validate import in_core_region
 
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def synthetic_rows(gpu: str, truth: ArchConstants, kinds=cal.KINDS) -> list[cal.Row]:
-    """The default plan's rows of ``gpu`` with latencies predicted by ``truth`` (known constants)."""
+BF16_KINDS = tuple(k for k in cal.KINDS if cal.DTYPE[k] == "bf16")
+
+
+def synthetic_rows(gpu: str, truth: ArchConstants, kinds=BF16_KINDS) -> list[cal.Row]:
+    """The default plan's rows of ``gpu`` with latencies predicted by ``truth`` (known constants of the kinds'
+    one precision)."""
     rows = [cal.Row(k, r) for k in kinds for r in cal.plan(gpu, k)]
     ms = cal.predict_rows(get_gpu(gpu), truth, rows)
     return [replace(r, ms=float(m)) for r, m in zip(rows, ms, strict=True)]
@@ -70,9 +82,8 @@ def test_plan_is_deterministic_within_budget_and_on_the_grid():
         assert len({cal.shape_key(k, r) for r in a}) == len(a)  # no shape twice
         assert all(cal.shape_key(k, r) in grid[k] for r in a)
         assert all(cal.shape_key(k, r) in common[k] for r in a)  # shapes every opbench table has
-        kind = {"gemm": "gemm", "prefill": "prefill_attention", "decode": "decode_attention"}[k]
-        assert all(in_core_region(kind, r) for r in a)
-        assert all((int(r["step"]) == 0) == (k == "prefill") for r in a) if k != "gemm" else True
+        assert all(in_core_region(cal.ROW_KIND[k], r) for r in a)
+        assert all((int(r["step"]) == 0) == (k == "prefill") for r in a) if k not in cal.GEMM_KINDS else True
         assert len(cal.plan(H100, k, 5)) == 5
 
 
@@ -126,7 +137,7 @@ def test_fit_recovers_known_constants_from_synthesised_rows(truth):
         assert fitted[n] == pytest.approx(getattr(truth, n), rel=0.03), n
     # and it predicts shapes it never saw: 400 other grid shapes of each kind, as the truth does
     c = replace(constants_for(gpu), **fitted)
-    for k in cal.KINDS:
+    for k in BF16_KINDS:
         others = [cal.Row(k, r) for r in cal.grid_rows(k)[::7][:400]]
         t, f = cal.predict_rows(gpu, truth, others), cal.predict_rows(gpu, c, others)
         assert 100 * np.mean(np.abs(f - t) / t) < 1.0, k
@@ -281,11 +292,11 @@ def test_a_ridge_is_preferred_to_freezing_the_library_constants():
 
 @pytest.mark.parametrize("folder", ["h100_sxm", "a100_sxm"])
 def test_calibration_never_worsens_the_rows_it_was_fitted_on(folder):
-    tables = [OPBENCH / folder / cal.FILES[k] for k in cal.KINDS]
+    tables = [OPBENCH / folder / cal.FILES[k] for k in BF16_KINDS]
     rows = cal.rows_from_tables(tables)
     gpu = get_gpu(cal.read_table(tables[0]).rows[0]["device"])
     by = {(r.kind, cal.shape_key(r.kind, r.cells)): r for r in rows}
-    picked = [by[(k, cal.shape_key(k, p))] for k in cal.KINDS for p in cal.plan(gpu.name, k)
+    picked = [by[(k, cal.shape_key(k, p))] for k in BF16_KINDS for p in cal.plan(gpu.name, k)
               if (k, cal.shape_key(k, p)) in by]
     c = cal.fit(None, gpu.name, rows=picked)
     for k, v in c.residual.items():
@@ -303,8 +314,8 @@ def test_calibration_file_round_trips_and_names_its_contents(cal_file):
     doc = json.loads(cal_file.read_text())
     assert doc["schema"] == cal.SCHEMA and doc["gpu"] == H100 and doc["arch"] == "hopper"
     assert doc["m2live_version"] and doc["created"]
-    assert doc["rows"] == cal.DEFAULT_BUDGET
-    assert set(doc["residual"]) == set(cal.KINDS)
+    assert doc["rows"] == {**cal.DEFAULT_BUDGET, "gemm_fp8": 0}  # no fp8 table measured
+    assert set(doc["residual"]) == set(BF16_KINDS) and "constants_fp8" not in doc
     for n, v in doc["constants"].items():
         assert n in cal.ALL_CALIBRATED
         assert (v["prior"] >= 0 and v["fitted"] >= 0) if n in cal.LINEAR else (v["prior"] > 0 and v["fitted"] > 0)
@@ -478,3 +489,134 @@ def test_probe_holdout_needs_calibrate_and_a_sane_number():
     assert p.returncode == 2 and "--calibrate" in p.stderr and "Traceback" not in p.stderr
     p = run("probe", "--dry-run", "--calibrate", "--holdout", "nan", "--out", "/tmp/m2live-unused")
     assert p.returncode == 2 and "--holdout" in p.stderr and "Traceback" not in p.stderr
+
+
+# ---- fp8 GEMMs (vLLM's CUTLASS scaled-mm): their own constants, and what the bf16 rows say of the GPU --------
+FP8_TRUTH_SCALE = {"eta_tc": 0.9, "eta_mem": 0.92, "t_kernel": 1.3, "q_sm_bw": 0.8}
+
+
+def fp8_truth(gpu: str = H100) -> ArchConstants:
+    prior = constants_for(get_gpu(gpu), "fp8")
+    return replace(prior, **{n: getattr(prior, n) * s for n, s in FP8_TRUTH_SCALE.items()})
+
+
+def test_fp8_plan_is_the_fp8_grid_and_refused_without_fp8_tensor_cores():
+    a = cal.plan(H100, "gemm_fp8")
+    assert len(a) == cal.DEFAULT_BUDGET["gemm_fp8"] and a == cal.plan(H100, "gemm_fp8")
+    fp8_table = cal.read_table(OPBENCH.parent / "opbench_fp8" / "h100_sxm" / "gemm_fp8.csv")
+    measured = {cal.shape_key("gemm_fp8", r) for r in fp8_table.rows}
+    assert all(cal.shape_key("gemm_fp8", r) in measured for r in a)
+    assert "no fp8 tensor cores" in one_line_error(run("calibrate", "plan", "--gpu", "a100-80gb", "--kind",
+                                                       "gemm_fp8"))
+
+
+def test_fp8_fit_recovers_known_constants_and_keeps_bf16_apart(tmp_path):
+    truth = fp8_truth()
+    rows = synthetic_rows(H100, truth, kinds=("gemm_fp8",))
+    d = write_tables(tmp_path / "h100", rows)
+    assert (d / "gemm_fp8.csv").is_file() and not (d / "gemm_bf16.csv").exists()
+    out = tmp_path / "c.json"
+    p = run("calibrate", "fit", str(d), "--gpu", "h100-sxm", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    c = cal.load(out)
+    assert c.constants == {} and c.rows["gemm_fp8"] == len(rows)
+    got = c.arch_constants("fp8")
+    for n in FP8_TRUTH_SCALE:
+        assert getattr(got, n) == pytest.approx(getattr(truth, n), rel=0.05), n
+    assert c.arch_constants() == replace(constants_for(get_gpu(H100)), fitted_on=c.arch_constants().fitted_on)
+    others = [cal.Row("gemm_fp8", r) for r in cal.grid_rows("gemm_fp8")[::37][:300]]
+    t, f = cal.predict_rows(get_gpu(H100), truth, others), cal.predict_rows(get_gpu(H100), got, others)
+    assert 100 * np.mean(np.abs(f - t) / t) < 1.0
+    with pytest.raises(ValueError, match="predict them apart"):
+        cal.predict_rows(get_gpu(H100), truth, [*others[:2], cal.Row("gemm", others[0].cells)])
+
+
+def test_a_bf16_calibration_carries_the_gpus_own_terms_to_fp8(cal_file, truth):
+    """No fp8 row measured: the fp8 constants take the board's and the L2's constants as fitted and the DRAM
+    efficiency's ratio to its prior (calibration_params.CARRIED_TO_FP8); the kernels' own stay the family's."""
+    c = cal.load(cal_file)
+    assert c.constants_fp8 == {}
+    fam8, fam = constants_for(get_gpu(H100), "fp8"), constants_for(get_gpu(H100))
+    got = c.arch_constants("fp8")
+    fitted = c.fitted()
+    assert got.eta_mem == pytest.approx(fam8.eta_mem * fitted["eta_mem"] / fam.eta_mem)
+    assert got.eta_mem == pytest.approx(fam8.eta_mem * truth.eta_mem / fam.eta_mem, rel=0.03)
+    for n in ("limiter_headroom", "l2_bytes_per_clk"):
+        assert getattr(got, n) == pytest.approx(fitted.get(n, getattr(fam, n)))
+    for n in ("eta_tc", "t_kernel", "q_row", "t_kiter"):
+        assert getattr(got, n) == getattr(fam8, n), n
+
+
+def test_fp8_calibration_reaches_ops_predict_simulate_and_the_plugin(tmp_path):
+    truth = fp8_truth()
+    d = write_tables(tmp_path / "h100", synthetic_rows(H100, truth, kinds=("gemm_fp8",)))
+    out = tmp_path / "c.json"
+    assert run("calibrate", "fit", str(d), "--gpu", "h100-sxm", "-o", str(out)).returncode == 0
+    src = tmp_path / "shapes_fp8.csv"  # an fp8 table by its name
+    src.write_text("m,n,k\n1,8192,8192\n8192,8192,8192\n")
+    o = run("ops", str(src), "--gpu", "h100-sxm", "--calibration", str(out))
+    assert o.returncode == 0, o.stderr
+    want = cal.predict_rows(get_gpu(H100), truth, [cal.Row("gemm_fp8", {"m": m, "n": "8192", "k": "8192"})
+                                                   for m in ("1", "8192")])
+    assert [float(x.split(",")[-1]) for x in o.stdout.splitlines()[1:]] == pytest.approx(list(want), rel=0.03)
+    step = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B", "--decode", "1000x64",
+            "--clock", "boost", "--json"]
+    for prec, moves in (("fp8", True), ("bf16", False)):  # the file holds fp8 constants only
+        a, b = run(*step, "--precision", prec), run(*step, "--precision", prec, "--calibration", str(out))
+        assert a.returncode == 0 and b.returncode == 0, b.stderr
+        ga, gb = (json.loads(x.stdout)["ops"]["qkv"] for x in (a, b))
+        assert (gb > ga) if moves else (gb == ga), prec
+    sim = ["simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm", "--isl", "512", "--osl", "64",
+           "--concurrency", "8", "--precision", "fp8", "--json"]
+    a, b = run(*sim), run(*sim, "--calibration", str(out))
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["tpot_ms"] > json.loads(a.stdout)["tpot_ms"]  # the truth is the slower GPU
+    mon = _monitor({"M2LIVE_GPU": H100, "M2LIVE_CALIBRATION": str(out)})
+    try:
+        assert mon.calibration != "none"
+    finally:
+        mon.close()
+
+
+def test_fp8_calibration_inputs_that_cannot_be_are_refused(tmp_path, cal_file):
+    rows = synthetic_rows(H100, fp8_truth(), kinds=("gemm_fp8",))
+    out = str(tmp_path / "c.json")
+    a100 = write_tables(tmp_path / "a100", rows, device="NVIDIA A100-SXM4-80GB")
+    assert "no fp8 tensor cores" in one_line_error(run("calibrate", "fit", str(a100), "--gpu", "a100-80gb",
+                                                       "-o", out))
+    table = tmp_path / "g.csv"
+    table.write_text("m,n,k\n16,4096,4096\n")
+    doc = json.loads(cal_file.read_text())
+    a100_doc = {**doc, "gpu": "NVIDIA A100-SXM4-80GB", "arch": "ampere", "constants": {},
+                "constants_fp8": {"eta_tc": {"prior": 0.7, "fitted": 0.6}}}
+    for bad, says in ((a100_doc, "no fp8 tensor cores"),
+                      ({**doc, "constants_fp8": {"eta_attn": {"prior": 0.7, "fitted": 0.6}}}, "fp8 constant"),
+                      ({**doc, "constants_fp8": {"eta_tc": {"prior": 0.7, "fitted": -1}}}, "invalid"),
+                      ({**doc, "constants": {}, "constants_fp8": {}}, "no constants")):
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps(bad))
+        gpu = "a100-80gb" if bad is a100_doc else "h100-sxm"
+        assert says in one_line_error(run("ops", str(table), "--gpu", gpu, "--calibration", str(f)))
+
+
+def test_fp8_calibration_on_opbench_fp8_from_another_familys_constants():
+    """The bench's protocol on the H100 (zero-shot: Blackwell's fp8 constants): the planned fp8 rows make the fp8
+    table's other rows better; the shipped prior, fitted on this table, is kept."""
+    gpu = get_gpu(H100)
+    table = OPBENCH.parent / "opbench_fp8" / "h100_sxm" / "gemm_fp8.csv"
+    rows = cal.rows_from_tables([table])
+    assert {r.kind for r in rows} == {"gemm_fp8"}
+    by = {cal.shape_key("gemm_fp8", r.cells): r for r in rows}
+    picked = [by[cal.shape_key("gemm_fp8", p)] for p in cal.plan(H100, "gemm_fp8")]
+    held = [r for r in rows if r not in picked][::5]
+    meas = np.array([r.ms for r in held])
+
+    def mape(c: ArchConstants) -> float:
+        return float(100 * np.mean(np.abs(cal.predict_rows(gpu, c, held) / meas - 1)))
+
+    own8 = constants_for(gpu, "fp8")
+    zs8 = replace(transfer_fp8(own8, ARCH_FP8["blackwell"]), borrowed_from="blackwell (test)")
+    fitted = cal.fit_constants(gpu, picked, zs8)
+    assert mape(replace(zs8, **fitted)) < mape(zs8) - 1.0
+    kept = cal.fit_constants(gpu, picked, own8)  # protected by the one-standard-error rule
+    assert kept and all(v == pytest.approx(getattr(own8, n)) for n, v in kept.items())

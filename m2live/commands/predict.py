@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
-    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, constants=load_for(args.calibration, args.gpu),
+    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **load_for(args.calibration, args.gpu),
                           dtype=args.precision,
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if beyond := tp_beyond_node(p.gpu, tp):

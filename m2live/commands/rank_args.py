@@ -74,7 +74,8 @@ def parse_gpus(text: str) -> list[str]:
 
 
 def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
-    """GPU name -> constants of the calibration at ``path``; refused when its GPU is not among those ranked."""
+    """GPU name -> the Predictor's constants of the calibration at ``path`` (``predictor_constants``: bf16 and
+    fp8); refused when its GPU is not among those ranked."""
     if not path:
         return {}
     from ..calibrate import load
@@ -84,7 +85,7 @@ def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
     if cal.gpu not in ranked:
         raise PlanError(f"calibration {path} is for {cal.gpu}, which is not among the GPUs ranked "
                         f"({', '.join(sorted(ranked))}): add it to --gpus or drop --calibration")
-    return {cal.gpu: cal.arch_constants()}
+    return {cal.gpu: cal.predictor_constants()}
 
 
 def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:

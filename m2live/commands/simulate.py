@@ -185,7 +185,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0) -> ServingResult:
     precision = _check_precision(precision)
-    gpu, constants = _device(gpu_name, model, tp)
+    gpu, device_constants = _device(gpu_name, model, tp)
+    constants = {"constants": device_constants}
     kv_tokens = None
     if calibration:
         from ..calibrate import load_for
@@ -199,7 +200,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         if len(_PREDICTORS) > 64:
             _PREDICTORS.clear()
         pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, precision, graph_max_tokens=graphs,
-                                                 constants=constants, allreduce_fusion=allreduce_fusion)
+                                                 **constants, allreduce_fusion=allreduce_fusion)
     if kv_gib is not None:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:

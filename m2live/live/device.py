@@ -114,9 +114,10 @@ def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
     return Device(spec, sampler, source.name if source is not None else "forecast", why, constants, prior)
 
 
-def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str, ArchConstants | None]:
-    """M2LIVE_CALIBRATION: this GPU's own constants for the predictor (and so admission and the metrics), with
-    the label that says which; ``("none", None)`` without one. A calibration of another GPU, or a broken file,
+def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str, dict[str, ArchConstants] | None]:
+    """M2LIVE_CALIBRATION: this GPU's own constants for the predictor (and so admission and the metrics) — its
+    keyword arguments, bf16 and fp8 (``Calibration.predictor_constants``) — with the label that says which;
+    ``("none", None)`` without one. A calibration of another GPU, or a broken file,
     is refused with one warning: the architecture's constants are used and the info metric says ``none``."""
     if not cfg.calibration:
         return "none", None
@@ -129,7 +130,7 @@ def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str,
         log.warning("engine %s: M2LIVE_CALIBRATION refused, predicting with the architecture's constants: %s",
                     engine, e)
         return "none", None
-    return cal.label(), cal.arch_constants()
+    return cal.label(), cal.predictor_constants()
 
 
 def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, device: Device,
@@ -137,5 +138,5 @@ def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, devi
     """The predictor (a calibration's constants first, then the CPU device's measured ones, then the
     architecture's) and the calibration label."""
     label, calibrated = load_calibration(cfg, device.spec, engine)
-    return Predictor(device.spec, shape, tp=max(1, info.tp), constants=calibrated or device.constants,
+    return Predictor(device.spec, shape, tp=max(1, info.tp), **(calibrated or {"constants": device.constants}),
                      allreduce_fusion=info.allreduce_fusion), label

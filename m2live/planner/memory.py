@@ -34,7 +34,8 @@ class PlanConfig:
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
     rank_by: str = "auto"  # auto | gpu | dollar | layout
-    constants: dict[str, ArchConstants] = field(default_factory=dict)  # GPU name -> its calibration's constants
+    # GPU name -> its calibration's Predictor constants (Calibration.predictor_constants: bf16 and fp8)
+    constants: dict[str, dict[str, ArchConstants]] = field(default_factory=dict)
     precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
     async_scheduling: bool | None = None  # vLLM's async scheduling in the simulated serving (None: its default)
     allreduce_fusion: bool | None = None  # vLLM's all-reduce + RMSNorm fusion under TP (None: its default)

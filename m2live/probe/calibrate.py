@@ -8,9 +8,14 @@ tables, so the fit sees the rows it was designed for:
   then the mean of 6 timed replays (CUDA events) per call — short bursts, no L2 flush;
 - attention: vLLM's own FlashAttention (``flash_attn_varlen_func`` on a paged KV cache of 64-token blocks, with
   the KV-cache write ``reshape_and_cache_flash`` in front, as vLLM runs it) where vLLM is importable; otherwise
-  attention is skipped and the output says so. Shapes whose buffers would not fit in free memory are skipped.
-The tables go to DIR (``gemm_bf16.csv``, ``prefill_attention_bf16.csv``, ``decode_attention_bf16.csv``, the
-opbench layout) and ``calibrate.fit`` writes ``DIR/calibration.json``.
+  attention is skipped and the output says so. Shapes whose buffers would not fit in free memory are skipped;
+- fp8 GEMMs (GPUs with fp8 tensor cores, where vLLM is importable): vLLM's fp8 linear layer as
+  ``CutlassFP8ScaledMMLinearKernel`` runs it on a bf16 input — ``scaled_fp8_quant`` (dynamic per-tensor scale)
+  then ``cutlass_scaled_mm`` on e4m3 weights with a per-tensor scale, bf16 out — timed like the bf16 GEMMs (six
+  weight copies). Without vLLM they are skipped: torch's own fp8 matmul is cuBLASLt's, not the CUTLASS kernels
+  vLLM serves with, whose constants these rows calibrate.
+The tables go to DIR (``gemm_bf16.csv``, ``prefill_attention_bf16.csv``, ``decode_attention_bf16.csv``,
+``gemm_fp8.csv``: the opbench layout) and ``calibrate.fit`` writes ``DIR/calibration.json``.
 
 ``holdout_s`` > 0 then checks the calibration on shapes it never saw: further shapes of the same grid (accuracy
 region, shapes every opbench GPU has, not in the plan; a fixed random order, so a run cut short by the time
@@ -19,7 +24,7 @@ the architecture's constants (zero-shot) and of the calibration on them. ``DIR/s
 
 ``--dry-run`` runs the whole pipeline on the CPU: the same plan (for the dry-run GPU), each shape shrunk to a tiny
 one and timed with ``perf_counter``, torch's SDPA standing in for vLLM's attention. The numbers mean nothing; the
-pipeline (plan -> tables -> fit -> calibration file) is what it exercises.
+pipeline (plan -> tables -> fit -> calibration file) is what it exercises (a bf16 linear stands in for the fp8 one).
 """
 
 from __future__ import annotations
@@ -107,17 +112,51 @@ def _attention(torch: Any, dry_run: bool) -> tuple[Callable | None, str]:
     return flash_attn_varlen_func, "vllm flash_attn_varlen_func + reshape_and_cache_flash (paged, block 64)"
 
 
-def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry: bool) -> float | None:
+def _fp8_linear(torch: Any, spec: GpuSpec, dry_run: bool) -> tuple[Any, str]:
+    """(vLLM's custom ops for its fp8 linear layer, what it is) — None with the reason where it cannot run."""
+    if dry_run:
+        return None, "bf16 F.linear stand-in (dry run)"
+    if spec.fp8_tflops is None:
+        return None, f"fp8 GEMMs skipped: {spec.name} has no fp8 tensor cores"
+    try:
+        from vllm import _custom_ops as ops
+
+        major, minor = torch.cuda.get_device_capability()
+        if not ops.cutlass_scaled_mm_supports_fp8(10 * major + minor):
+            return None, f"fp8 GEMMs skipped: vLLM's cutlass_scaled_mm has no fp8 kernel for sm_{major}{minor}"
+    except Exception as e:  # noqa: BLE001 - vLLM absent or built without its CUDA ops
+        return None, f"fp8 GEMMs skipped: vLLM's cutlass_scaled_mm is not importable ({e.__class__.__name__}: {e})"
+    return ops, "vllm scaled_fp8_quant (dynamic per-tensor) + cutlass_scaled_mm (CutlassFP8ScaledMMLinearKernel)"
+
+
+def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry: bool,
+                  fp8_ops: Any = None) -> float | None:
+    """Seconds per call of one GEMM shape: bf16 ``F.linear``, or (``fp8_ops``: vLLM's custom ops) vLLM's fp8
+    linear layer on a bf16 input, its quantisation included."""
     m, n, k = (int(row[c]) for c in ("m", "n", "k"))
     if dry:
         m, n, k = (min(v, DRY_CAP) for v in (m, n, k))
-    if 2.0 * (m * k + WEIGHT_COPIES * n * k + m * n) > MEM_SHARE * timer.free_bytes():
+    w_bytes = 1 if fp8_ops is not None else 2
+    if 2.0 * (m * k + m * n) + w_bytes * WEIGHT_COPIES * n * k > MEM_SHARE * timer.free_bytes():
         return None
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(WEIGHT_COPIES)]
-    F = torch.nn.functional
-    copies = itertools.cycle(ws)  # in turn: the WEIGHT_COPIES calls of a replay read each copy once
-    return timer.per_call(lambda: F.linear(x, next(copies)), WEIGHT_COPIES)  # the buffers go when this returns
+    if fp8_ops is None:
+        F = torch.nn.functional
+        copies = itertools.cycle(ws)  # in turn: the WEIGHT_COPIES calls of a replay read each copy once
+        return timer.per_call(lambda: F.linear(x, next(copies)), WEIGHT_COPIES)  # the buffers go on return
+    # e4m3 weights with a per-tensor scale, stored (n, k) and passed transposed (column-major), as vLLM's
+    # Fp8LinearMethod leaves them for cutlass_scaled_mm
+    quant = [fp8_ops.scaled_fp8_quant(w, None) for w in ws]
+    del ws
+    copies8 = itertools.cycle([(q.t(), s) for q, s in quant])
+
+    def call() -> Any:
+        wq, ws_ = next(copies8)
+        xq, xs = fp8_ops.scaled_fp8_quant(x, None)  # the input's dynamic per-tensor quantisation
+        return fp8_ops.cutlass_scaled_mm(xq, wq, scale_a=xs, scale_b=ws_, out_dtype=torch.bfloat16)
+
+    return timer.per_call(call, WEIGHT_COPIES)
 
 
 def _measure_attention(torch: Any, timer: _Timer, dev: Any, kind: str, row: dict[str, str], fa: Callable | None,
@@ -197,9 +236,19 @@ class _Kind:
     """Measures one kind's planned rows (those the time left allows) on one device."""
 
     def __init__(self, torch: Any, timer: _Timer, dev: Any, fa: Callable | None, dry_run: bool, say: Say,
-                 attn_what: str, sampler: ClockSampler | None = None):
+                 attn_what: str, sampler: ClockSampler | None = None, fp8: tuple[Any, str] = (None, "")):
         self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
         self.attn_what, self.sampler = attn_what, sampler
+        self.fp8_ops, self.fp8_what = fp8  # vLLM's fp8 linear ops (None: skipped; the dry run's stand-in)
+
+    def can_measure(self, kind: str) -> bool:
+        """Whether this run measures ``kind`` (vLLM's attention and fp8 kernels need vLLM; the dry run stands in)."""
+        if self.dry_run or kind == "gemm":
+            return True
+        return self.fp8_ops is not None if kind == "gemm_fp8" else self.fa is not None
+
+    def skipped_why(self, kind: str) -> str:
+        return self.fp8_what if kind == "gemm_fp8" else self.attn_what
 
     def clocks(self, spans: list[tuple[float, float]]) -> list[float | None]:
         """Each (start, end) span's median SM clock (the last reading before its end when none fell inside),
@@ -223,13 +272,16 @@ class _Kind:
 
     def source(self, kind: str) -> str:
         """The kernel_source column of this kind's rows."""
-        return "torch.nn.functional.linear" if kind == "gemm" else self.attn_what
+        return {"gemm": "torch.nn.functional.linear", "gemm_fp8": self.fp8_what}.get(kind, self.attn_what)
 
     def one(self, kind: str, r: dict[str, str]) -> float | None:
         """Seconds per call of one planned row; None when it was not measured (too big, refused)."""
         try:
-            t = (_measure_gemm(self.torch, self.timer, self.dev, r, self.dry_run) if kind == "gemm"
-                 else _measure_attention(self.torch, self.timer, self.dev, kind, r, self.fa, self.dry_run))
+            if kind in cal.GEMM_KINDS:
+                fp8 = self.fp8_ops if kind == "gemm_fp8" else None
+                t = _measure_gemm(self.torch, self.timer, self.dev, r, self.dry_run, fp8)
+            else:
+                t = _measure_attention(self.torch, self.timer, self.dev, kind, r, self.fa, self.dry_run)
         except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
             self.say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({e.__class__.__name__})")
             return None
@@ -288,7 +340,7 @@ def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration
         if len(got) < cal.MIN_ROWS:
             say(f"holdout {kind}: {len(got)} shapes measured, too few to score")
             continue
-        _write_table(path, kind, spec.name, got, measure.source(kind), _vllm_version(measure.fa))
+        _write_table(path, kind, spec.name, got, measure.source(kind), _vllm_version(measure.fa or measure.fp8_ops))
     try:
         held = read_rows(hdir, spec)
     except cal.CalibrationError as e:
@@ -317,11 +369,12 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = _Timer(torch, not dry_run)
     fa, attn_what = _attention(torch, dry_run)
+    fp8 = _fp8_linear(torch, spec, dry_run)
     say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
-        f"attention: {attn_what}")
+        f"attention: {attn_what}; fp8: {fp8[1]}")
     t0 = time.monotonic()
     summary: dict = {"gpu": spec.name, "device_name": torch.cuda.get_device_name() if not dry_run else "cpu",
-                     "dry_run": dry_run, "torch": torch.__version__, "attention": attn_what,
+                     "dry_run": dry_run, "torch": torch.__version__, "attention": attn_what, "fp8_gemm": fp8[1],
                      "gemm_timing": (f"{'perf_counter, no graph' if dry_run else 'CUDA graph, CUDA events'}, "
                                      f"{WEIGHT_COPIES} weight copies in turn, {0 if dry_run else WARMUP} warm-up "
                                      f"replays, mean of {REPLAYS}"),
@@ -329,12 +382,14 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     torch.manual_seed(0)
     sampler, clock_what = _clock(torch, spec, dry_run, time_limit_s + holdout_s + 60.0)
     summary["clock"] = {"source": clock_what, "plan": {}, "holdout": {}}
-    measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler)
+    measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler, fp8)
     try:
         kinds = []
         for kind in cal.KINDS:
-            if kind != "gemm" and fa is None and not dry_run:
-                say(f"{kind}: skipped ({attn_what})")
+            if cal.DTYPE[kind] == "fp8" and spec.fp8_tflops is None:
+                continue  # no fp8 plan for a GPU without fp8 tensor cores (the summary's fp8_gemm says so)
+            if not measure.can_measure(kind):
+                say(f"{kind}: skipped ({measure.skipped_why(kind)})")
                 continue
             rows = cal.plan(spec.name, kind)
             t_kind = time.monotonic()
@@ -346,7 +401,8 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
                 + _clock_note(summary["clock"]["plan"][kind]))
             if got:
                 kinds.append(kind)
-                _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind), _vllm_version(fa))
+                _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind),
+                             _vllm_version(fa or measure.fp8_ops))
         summary["measure_s"] = round(time.monotonic() - t0, 1)
         c = _fit(out_dir, spec, summary, say)
         if holdout_s > 0:
@@ -370,8 +426,9 @@ def _clock_note(stats: dict) -> str:
             f"{stats['clock_max_mhz']:.0f}){f', {names}' if names else ''}")
 
 
-def _vllm_version(fa: Callable | None) -> str:
-    if fa is None:
+def _vllm_version(vllm_part: Any) -> str:
+    """vLLM's version where one of its kernels was measured (``vllm_part``: its attention call or custom ops)."""
+    if vllm_part is None:
         return ""
     import vllm
 
