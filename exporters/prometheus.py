@@ -150,6 +150,7 @@ class PrometheusExporter:
         self._last_key: Key | None = None
         self._clock_source: str | None = None
         self._calibration: str | None = None
+        self._weights: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._httpd = None
@@ -208,6 +209,12 @@ class PrometheusExporter:
         """Which clock source feeds f_clk (``clock_source_info{source}``), e.g. after a fallback."""
         with self._lock:
             self._clock_source = str(name)
+
+    def set_weights(self, label: str) -> None:
+        """The linear layers' weights the predictions price (``weights_info{precision}``: ``bf16``, ``fp8 (static
+        input scales)``, ...), read from the engine's quantization config."""
+        with self._lock:
+            self._weights = str(label)
 
     def set_calibration(self, label: str) -> None:
         """Which GPU calibration the predictions use (``calibration_info{calibration}``; ``none``: the
@@ -351,6 +358,11 @@ class PrometheusExporter:
                                 "'none': the architecture's constants).", labels=[*labels, "calibration"])
         if self._calibration is not None:
             fam.add_metric([*default, self._calibration], 1.0)
+        yield fam
+        fam = GaugeMetricFamily(PREFIX + "weights_info", "Weights format the predictions price (value 1; from the "
+                                "engine's quantization config).", labels=[*labels, "precision"])
+        if self._weights is not None:
+            fam.add_metric([*default, self._weights], 1.0)
         yield fam
         # cumulative counters read at scrape time; slo violations fall back to the records' own flags
         own = {"slo_violations_total": float(sum(st.violations for st in states.values())),

@@ -13,6 +13,7 @@ import itertools
 from typing import Any
 
 from m2live.live import EngineInfo
+from m2live.quantization import WeightFormat, weight_format
 from m2live.shapes import ModelShape, ModelShapeError
 from m2live.step import Step
 
@@ -83,9 +84,11 @@ def engine_info(vllm_config: Any) -> EngineInfo:
     if isinstance(getattr(mc, "served_model_name", None), (list, tuple)):
         name = str(mc.served_model_name[0])
     shape = None
+    weights = WeightFormat()
     try:
         hf = mc.hf_config
         cfg = hf.to_dict() if hasattr(hf, "to_dict") else dict(vars(hf))
+        weights = weight_format(cfg.get("quantization_config"), getattr(mc, "quantization", None))
         if "architectures" not in cfg or not cfg["architectures"]:
             cfg["architectures"] = list(getattr(hf, "architectures", None) or [])
         shape = ModelShape.from_config(cfg, name=name or "model")
@@ -109,7 +112,7 @@ def engine_info(vllm_config: Any) -> EngineInfo:
                       engine_index=int(index), device=device,
                       local_rank=int(getattr(pc, "data_parallel_rank_local", None) or 0),
                       max_num_batched_tokens=int(sc.max_num_batched_tokens), max_num_seqs=int(sc.max_num_seqs),
-                      allreduce_fusion=allreduce_fusion(vllm_config))
+                      allreduce_fusion=allreduce_fusion(vllm_config), weights=weights)
 
 
 def allreduce_fusion(vllm_config: Any) -> bool | None:

@@ -56,6 +56,7 @@ def env_sinks(mon: LiveMonitor, exporters: bool = True) -> list[Any]:
             try:
                 exp.set_clock_source(mon.clock_source_name)
                 exp.set_calibration(mon.calibration)
+                exp.set_weights(mon.weights)
             except Exception as e:  # noqa: BLE001
                 mon.sink_failed("prometheus clock source", e)
             out.append(exp)

@@ -18,6 +18,7 @@ from ..config import M2liveConfig
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor, has_power_model
+from ..quantization import WeightFormat
 from ..shapes import ModelShape, get_model
 from ..telemetry import ClockSampler, ClockSource, choose_clock_source
 
@@ -38,6 +39,8 @@ class EngineInfo:
     local_rank: int = 0  # data-parallel rank on this node (picks the GPU whose clock is sampled)
     # the engine's compilation_config.pass_config.fuse_allreduce_rms (None: not reported, m2live's default)
     allreduce_fusion: bool | None = None
+    # the linear layers' weights as the engine runs them (its quantization config; bf16 when unquantised)
+    weights: WeightFormat = WeightFormat()
 
 
 @dataclass
@@ -133,10 +136,22 @@ def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str,
     return cal.label(), cal.predictor_constants()
 
 
+def predicted_weights(info: EngineInfo, gpu: GpuSpec, engine: str) -> WeightFormat:
+    """The weights' format the predictor prices: the engine's, unless fp8 on a device without fp8 tensor cores
+    (the CPU device measures the engine's own kernels as they run, on bf16 shapes) — then bf16, said once."""
+    w = info.weights
+    if w.precision == "fp8" and gpu.fp8_tflops is None:
+        log.warning("engine %s: %s, but %s has no fp8 tensor cores: its linear layers are priced as bf16",
+                    engine, w.why, gpu.name)
+        return WeightFormat("bf16", "static", f"{w.why}; priced as bf16 on {gpu.name}")
+    return w
+
+
 def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, device: Device,
                     engine: str) -> tuple[Predictor, str]:
     """The predictor (a calibration's constants first, then the CPU device's measured ones, then the
-    architecture's) and the calibration label."""
+    architecture's; the engine's weights format) and the calibration label."""
     label, calibrated = load_calibration(cfg, device.spec, engine)
+    w = predicted_weights(info, device.spec, engine)
     return Predictor(device.spec, shape, tp=max(1, info.tp), **(calibrated or {"constants": device.constants}),
-                     allreduce_fusion=info.allreduce_fusion), label
+                     dtype=w.precision, act_scale=w.act_scale, allreduce_fusion=info.allreduce_fusion), label

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import M2liveConfig
+from ..quantization import WeightFormat
 from ..record import Sink, as_sink
 from ..residuals import ResidualTracker
 from ..step import Step
@@ -74,6 +75,7 @@ class LiveMonitor:
         self.clock_source_name, self.clock_why = self.device.clock_source_name, self.device.clock_why
         self.prior_check = self.device.prior_check
         self.predictor, self.calibration = build_predictor(self.cfg, info, shape, self.device, self.engine)
+        self.weights = WeightFormat(self.predictor.dtype, self.predictor.act_scale).label  # weights_info
         self.model_label = info.model_name or shape.name
         self.residuals = ResidualTracker(window=self.cfg.residual_window)
         self.control = SloControl(self.cfg, self.predictor, self.residuals, self.engine, self._errors)
@@ -93,8 +95,8 @@ class LiveMonitor:
             self.add_sink(sink)
         self.recorder.start()
         _MONITORS.append(weakref.ref(self))
-        log.info("engine %s: predicting %s on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
-                 self.engine, self.model_label,
+        log.info("engine %s: predicting %s (%s weights) on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
+                 self.engine, self.model_label, self.weights,
                  f"{self.gpu.name}, {self.gpu.source}" if self.gpu.arch == "cpu" else self.gpu.name,
                  self.predictor.tp, self.clock_why,
                  f"SLO {self.control.slo_ms} ms" if self.admission_active else "off",
