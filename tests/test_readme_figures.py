@@ -52,6 +52,9 @@ def test_fp8_figures_are_accuracy_json():
     ins = _join((fp8[g]["core"]["in_sample"]["mape"] for g in order), ".2f")
     loo = _join((fp8[g]["core"]["leave_one_gpu_out"]["mape"] for g in order), ".1f")
     assert f"in-sample {ins} %; leave-one-out {loo} %" in _status_row("fp8 GEMM")
+    cal = _json("accuracy.json")["calibrated"]["summary"]
+    zs = _join((cal[g]["zero_shot"]["gemm_fp8"] for g in order), ".2f")
+    assert f"calibrated from the other family's constants {zs} %" in _status_row("fp8 GEMM")
 
 
 def test_vidur_and_square_figures_are_accuracy_json():
@@ -109,3 +112,24 @@ def test_serving_and_plugin_figures_are_their_runs_of_record():
     p = _json("plugin.json")
     assert (f"| {100 * p['median_abs_error_corrected']:.1f} %; {100 * p['overhead_fraction_median']:.2f} % of a step |"
             in _status_row("live plugin"))
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/calibration.md"])
+def test_calibrated_table_is_accuracy_json(page):
+    """Every row of the calibrated-mode table (zero-shot prior, calibrated, in-sample, in-sample calibrated; two
+    decimals) at the default budget, bf16 kinds and fp8 GEMMs alike."""
+    sec = _json("accuracy.json")["calibrated"]
+    default = sec["default_budget"]
+    text = (REPO / page).read_text()
+    labels = {"gemm": "GEMM", "prefill": "prefill", "decode": "decode", "gemm_fp8": "fp8 GEMM"}
+    seen = 0
+    for gpu, g in sec["gpus"].items():
+        zs = g["priors"]["zero_shot"]["by_budget"][default]["held_out"]
+        ins = g["priors"]["in_sample"]["by_budget"][default]["held_out"]
+        for kind, z in zs.items():
+            i = ins[kind]
+            row = (f"| {gpu.removeprefix('NVIDIA ')} | {labels[kind]} | {z['mape_prior']:.2f} % | "
+                   f"**{z['mape_calibrated']:.2f} %** | {i['mape_prior']:.2f} % | {i['mape_calibrated']:.2f} % |")
+            assert row in text, (page, row)
+            seen += 1
+    assert seen == 11  # three GPUs x three bf16 kinds, and the two fp8 GEMM tables
