@@ -14,12 +14,19 @@ the four projections' GEMMs run at and how their inputs are scaled:
 - anything else quantised (int4 / int8 weights, MXFP4, NVFP4, ...) is a kernel family m2live has no constants
   for: it is priced as bf16 weights, and ``why`` says so.
 
-numpy-free and vLLM-free: the plugin's adapter hands in what vLLM resolved; ``simulate`` can read a config.json.
+``model_weights(model)``: the same from a model as the commands take it (a checkpoint's config.json, or its Hugging
+Face id's "FP8"): ``predict``, ``simulate`` and ``rank`` use it when ``--precision`` is not given.
+
+numpy-free and vLLM-free: the plugin's adapter hands in what vLLM resolved.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 # vLLM's online fp8 quantisation of a bf16 checkpoint (``--quantization``; fp8_per_tensor is 0.32's name for it)
 ONLINE_FP8 = frozenset({"fp8", "fp8_per_tensor"})
@@ -85,3 +92,49 @@ def _is_fp8(args: dict) -> bool:
 
 def _unmodelled(what: str) -> WeightFormat:
     return WeightFormat("bf16", "static", f"{what}: not modelled, priced as bf16 weights")
+
+
+# the spellings of the two precisions a command or a batch file may use (torch's dtype names, vLLM's fp8 format
+# and scheme)
+PRECISION_SPELLINGS = {"bfloat16": "bf16", "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
+
+
+def precision_of(text: str) -> str:
+    """bf16 or fp8 from one of their spellings; ValueError for anything else."""
+    p = PRECISION_SPELLINGS.get(str(text).strip().lower(), str(text).strip().lower())
+    if p not in ("bf16", "fp8"):
+        raise ValueError(f"precision must be bf16 or fp8, got {p!r}")
+    return p
+
+
+def weights_for(precision: str | None, model: object, what: str = "--precision") -> WeightFormat:
+    """The weights a command prices: ``precision`` when given (fp8 with static input scales, the checkpoints'
+    usual), else what the model says of itself (``model_weights``)."""
+    if precision is None or not str(precision).strip():
+        return model_weights(model)
+    p = precision_of(precision)
+    return WeightFormat(p, "static", f"{what} {p}")
+
+
+def model_weights(model: object) -> WeightFormat:
+    """The weights' format a model given as the commands take it says of itself: a checkpoint's config.json (a
+    path to it or to its directory) by its ``quantization_config``; a Hugging Face id by its name — an "FP8"
+    word is vLLM's fp8 (``-FP8-dynamic``: dynamic input scales; NVIDIA's and RedHat's plain ``-FP8``: static,
+    calibrated ones); anything else (a preset, a ModelShape) bf16."""
+    if not isinstance(model, (str, os.PathLike)):
+        return WeightFormat()  # a ModelShape: shapes only
+    s = str(model)
+    path = Path(s) / "config.json" if Path(s).is_dir() else Path(s)
+    if path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return WeightFormat()  # get_model says what is wrong with the file
+        qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+        w = weight_format(qc)
+        return replace(w, why=f"{path.name}: {w.why}") if qc else w
+    words = set(re.split(r"[-_\s]", s.split("/")[-1].lower()))
+    if "fp8" in words:
+        scale = "dynamic" if "dynamic" in words else "static"
+        return WeightFormat("fp8", scale, f"the checkpoint's name says FP8 ({scale} input scales)")
+    return WeightFormat()

@@ -196,8 +196,9 @@ PRESET_ALIASES: dict[str, str] = {"Llama-3.3-70B": "meta-llama/Llama-3.1-70B"}
 # Words of a Hugging Face id that name a fine-tune or an fp8 re-quantisation of the same architecture — the chat /
 # instruct tunes, the base tag, Meta's older "Meta-Llama-3.1" spelling, fp8 checkpoints (RedHatAI / neuralmagic
 # "-FP8", "-FP8-dynamic"; nvidia "-FP8"; Qwen "-FP8"): a checkpoint id reduced by them that names a preset is that
-# preset's shapes. The weights' format is not read from the name: --precision says it (an "-FP8" checkpoint is
-# served as fp8 only with --precision fp8). Int4 checkpoints (AWQ, GPTQ, ...) are not reduced: m2live has no int4.
+# preset's shapes. The weights' format is the commands' business (quantization.model_weights: --precision when
+# given, else the config.json's quantization_config or the id's "FP8"). Int4 checkpoints (AWQ, GPTQ, ...) are not
+# reduced: m2live has no int4.
 CHECKPOINT_WORDS = frozenset({"instruct", "chat", "it", "base", "hf", "fp8", "dynamic", "meta"})
 
 

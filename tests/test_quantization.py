@@ -90,7 +90,7 @@ def test_engine_info_reads_the_engines_weights(tmp_path, quantization, qc, want)
         assert info.weights.act_scale == "static"
 
 
-def _monitor(weights: WeightFormat, gpu: str):
+def _monitor(weights: WeightFormat, gpu: str, env: dict | None = None):
     from conftest import free_port
 
     from m2live.config import M2liveConfig
@@ -98,7 +98,7 @@ def _monitor(weights: WeightFormat, gpu: str):
     from m2live.shapes import get_model
     from vllm_hooks.sinks import start_monitor
 
-    cfg = M2liveConfig.from_env({"M2LIVE_PROM_PORT": str(free_port()), "M2LIVE_GPU": gpu})
+    cfg = M2liveConfig.from_env({"M2LIVE_PROM_PORT": str(free_port()), "M2LIVE_GPU": gpu, **(env or {})})
     info = EngineInfo(get_model(MODELS / "bench-llama"), "bench", weights=weights)
     return start_monitor(cfg, info, step_of=lambda s, o: None)
 
@@ -127,3 +127,101 @@ def test_the_plugin_prices_the_engines_fp8_weights_and_exports_which(capfd):
         assert "no fp8 tensor cores: its linear layers are priced as bf16" in capfd.readouterr().err
     finally:
         cpu.close()
+
+
+# ---- the commands: the checkpoint's own format when --precision is not given ---------------------------------
+@pytest.mark.parametrize("model, want", [
+    ("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", ("fp8", "static")),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", ("fp8", "dynamic")),
+    ("nvidia/Llama-3.3-70B-Instruct-FP8", ("fp8", "static")),
+    ("Qwen/Qwen3-32B-FP8", ("fp8", "static")),
+    ("meta-llama/Llama-3.1-70B-Instruct", ("bf16", "static")),
+    ("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", ("bf16", "static")),
+])
+def test_a_checkpoint_id_says_its_weights(model, want):
+    from m2live.quantization import model_weights
+
+    w = model_weights(model)
+    assert (w.precision, w.act_scale) == want
+
+
+def test_a_config_json_says_its_weights(tmp_path):
+    import json
+
+    from m2live.quantization import model_weights, weights_for
+
+    cfg = json.loads((MODELS / "tiny-llama" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": CT_FP8_DYNAMIC}))
+    for given in (tmp_path, tmp_path / "config.json", str(tmp_path)):
+        assert (model_weights(given).precision, model_weights(given).act_scale) == ("fp8", "dynamic")
+    assert model_weights(MODELS / "tiny-llama").precision == "bf16"
+    assert weights_for("bf16", tmp_path).precision == "bf16"  # --precision wins
+    assert weights_for("float8", MODELS / "tiny-llama") == WeightFormat("fp8", "static", "--precision fp8")
+    with pytest.raises(ValueError, match="bf16 or fp8"):
+        weights_for("int4", tmp_path)
+
+
+def test_simulate_predict_and_rank_take_the_checkpoints_weights(tmp_path):
+    import json
+
+    from conftest import one_line_error, run
+
+    fp8_70b = "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8"
+    sim = ["simulate", "--model", fp8_70b, "--gpu", "h200", "--isl", "1024", "--osl", "128", "--concurrency", "8"]
+    p = run(*sim, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["assumptions"]["weights"]["precision"] == "fp8 (static input scales)"
+    assert "does not fit" in one_line_error(run(*sim, "--precision", "bf16"))  # 141 GB of bf16 weights
+    batch = tmp_path / "b.csv"
+    batch.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
+                     f"{fp8_70b},h200,2,1024,128,8,\n{fp8_70b},h200,2,1024,128,8,bf16\n")
+    p = run("simulate", "--batch", str(batch))
+    assert p.returncode == 0, p.stderr
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(p.stdout)))
+    assert rows[0]["precision"] == "" and float(rows[0]["tpot_ms"]) < 0.8 * float(rows[1]["tpot_ms"])
+    step = ["predict", "--gpu", "h100-sxm", "--decode", "1000x16", "--json"]
+    a = json.loads(run(*step, "--model", "meta-llama/Llama-3.1-8B-Instruct").stdout)
+    b = json.loads(run(*step, "--model", "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8").stdout)
+    assert b["ops"]["gate_up"] < 0.7 * a["ops"]["gate_up"]
+    rank = ["rank", "--workload", "chat", "--tp", "1", "--gpus", "a100-80gb,h100-sxm", "--json"]
+    r8 = run(*rank, "--model", "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8")
+    r16 = run(*rank, "--model", "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8", "--precision", "bf16")
+    assert r8.returncode == 0 and r16.returncode == 0, r8.stderr + r16.stderr
+    excluded = {e["gpu"]: e["reason"] for e in json.loads(r8.stdout)["excluded"]}
+    assert "no fp8 tensor cores" in excluded["NVIDIA A100-SXM4-80GB"]
+    assert "NVIDIA A100-SXM4-80GB" in {e["gpu"] for e in json.loads(r16.stdout)["ranking"]}
+
+
+def test_an_fp8_engine_predicts_with_its_gpus_fp8_calibration(tmp_path):
+    """M2LIVE_CALIBRATION on an fp8 engine: the projections take the calibration's fp8 constants, the attention its
+    bf16 ones."""
+    from dataclasses import replace
+
+    from conftest import run
+
+    from m2live import calibrate as cal
+    from m2live.efficiency import constants_for
+    from m2live.hardware import get_gpu
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    prior = constants_for(get_gpu(h100), "fp8")
+    truth = replace(prior, eta_tc=prior.eta_tc * 0.9, eta_mem=prior.eta_mem * 0.92)
+    rows = [cal.Row("gemm_fp8", r) for r in cal.plan(h100, "gemm_fp8")]
+    ms = cal.predict_rows(get_gpu(h100), truth, rows)
+    d = tmp_path / "meas"
+    d.mkdir()
+    (d / "gemm_fp8.csv").write_text("device,m,n,k,latency_ms\n" + "".join(
+        f"{h100},{r.cells['m']},{r.cells['n']},{r.cells['k']},{m:.8g}\n" for r, m in zip(rows, ms, strict=True)))
+    out = tmp_path / "cal.json"
+    assert run("calibrate", "fit", str(d), "--gpu", h100, "-o", str(out)).returncode == 0
+    mon = _monitor(weight_format(FP8_STATIC), h100, {"M2LIVE_CALIBRATION": str(out)})
+    try:
+        p = mon.predictor
+        assert p.dtype == "fp8" and mon.calibration != "none"
+        assert p.gemm_ops.c.eta_mem == pytest.approx(truth.eta_mem, rel=0.05)
+        assert p.ops.c.eta_attn == constants_for(get_gpu(h100)).eta_attn  # no bf16 row: the family's
+    finally:
+        mon.close()

@@ -13,6 +13,7 @@ from .. import limits
 from ..calibrate import load_for
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
+from ..quantization import weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
 
@@ -46,10 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
     p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
                                                           "refused for another GPU")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
-                   help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: "
-                        "the fp8 tensor peak, 1 byte per weight, the input quantisation as a light op; "
-                        "attention, the KV cache and the LM head stay bf16)")
+    p.add_argument("--precision", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: the fp8 "
+                        "tensor peak, 1 byte per weight, the input quantisation as a light op; attention, the KV "
+                        "cache and the LM head stay bf16); default: the checkpoint's (its config.json's "
+                        "quantization_config, or FP8 in its name), else bf16")
     p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's all-reduce + RMSNorm fusion under TP: auto (default: vLLM's default since 0.16, on "
                         "for Hopper and Blackwell data-centre GPUs over NVLink on steps small enough), on, or off")
@@ -90,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
     step = build_step(args.prefill, args.decode)
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
+    w = weights_for(args.precision, args.model)
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **load_for(args.calibration, args.gpu),
-                          dtype=args.precision,
+                          dtype=w.precision, act_scale=w.act_scale,
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if beyond := tp_beyond_node(p.gpu, tp):
         raise ValueError(beyond)

@@ -35,9 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gpu: generated tokens/s per GPU; dollar: tokens per $; layout: tokens/s per replica")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock for the predictions (default: forecast from the power cap)")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
-                   help="linear-layer weights: bf16 (default), or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; "
-                        "attention and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded)")
+    p.add_argument("--precision", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3 with per-tensor scales; attention "
+                        "and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded); default: the "
+                        "checkpoint's (its config.json's quantization_config, or FP8 in its name), else bf16")
     p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "
                         "GPUs), on, or off (a server started without it)")

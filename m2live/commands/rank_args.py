@@ -8,6 +8,7 @@ import re
 
 from ..hardware import all_gpus, get_gpu
 from ..planner import PlanConfig, PlanError
+from ..quantization import weights_for
 from ..serving_config import parse_switch
 from ..validate import positive_float
 
@@ -89,11 +90,13 @@ def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
 
 
 def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
-    """The planner's configuration from the parsed flags."""
+    """The planner's configuration from the parsed flags (the weights: --precision's, else the model's)."""
+    w = weights_for(args.precision, args.model)
     return PlanConfig(slo_s=parse_slo(args.slo_ms), max_num_seqs=pos_int(args.max_seqs, "--max-seqs"),
                       max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
-                      constants=calibrated_constants(args.calibration, gpus), precision=args.precision,
+                      constants=calibrated_constants(args.calibration, gpus), precision=w.precision,
+                      act_scale=w.act_scale,
                       async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
                       allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
 

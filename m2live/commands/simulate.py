@@ -20,6 +20,8 @@ default of recent vLLM; ``--async-scheduling off`` for a server that runs withou
 default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
 steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
 server each way and 3 ms of the API server's serial work per request, plus 2.5 us per prompt token of tokenising.
+Weights: ``--precision`` (a batch file's ``precision`` cell) when given, else the checkpoint's — its config.json's
+``quantization_config``, or an "FP8" in its Hugging Face id (``-FP8-dynamic``: dynamic input scales) — else bf16.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
+from ..quantization import precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
@@ -70,8 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", help="input (prompt) tokens per request")
     p.add_argument("--osl", help="output tokens per request (ignore-EOS: exactly this many)")
     p.add_argument("--concurrency", help="requests in flight (the benchmark's --max-concurrency)")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
-                   help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3, per-tensor scales)")
+    p.add_argument("--precision", choices=("bf16", "fp8"),
+                   help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3, per-tensor scales); default: the "
+                        "checkpoint's (its config.json's quantization_config, or FP8 in its name), else bf16")
     p.add_argument("--max-num-batched-tokens", help="vLLM token budget per step (default: vLLM's for the device)")
     p.add_argument("--max-num-seqs", help="vLLM max running requests (default: vLLM's for the device)")
     p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
@@ -132,15 +136,11 @@ def _is_cpu(name: str) -> bool:
     return str(name).strip().lower() in ("cpu", "cpu-device")
 
 
-# the spellings of the two precisions a batch file may use (torch's dtype names, vLLM's fp8 format and scheme)
-PRECISION_SPELLINGS = {"bfloat16": "bf16", "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
-
-
 def _check_precision(precision: str) -> str:
-    precision = PRECISION_SPELLINGS.get(precision.strip().lower(), precision.strip().lower())
-    if precision not in ("bf16", "fp8"):
-        raise SimulationError(f"precision must be bf16 or fp8, got {precision!r}")
-    return precision
+    try:
+        return precision_of(precision)
+    except ValueError as e:
+        raise SimulationError(str(e)) from None
 
 
 def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants | None]:
@@ -178,13 +178,13 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     return v
 
 
-def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str,
+def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0) -> ServingResult:
-    precision = _check_precision(precision)
+    weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
     kv_tokens = None
@@ -194,13 +194,14 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         constants = load_for(calibration, gpu)
     d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
     graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
-    key = (str(model), gpu.name, tp, precision, graphs, calibration, allreduce_fusion)
+    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion)
     pred = _PREDICTORS.get(key)
     if pred is None:
         if len(_PREDICTORS) > 64:
             _PREDICTORS.clear()
-        pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, precision, graph_max_tokens=graphs,
-                                                 **constants, allreduce_fusion=allreduce_fusion)
+        pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, weights.precision, graph_max_tokens=graphs,
+                                                 act_scale=weights.act_scale, **constants,
+                                                 allreduce_fusion=allreduce_fusion)
     if kv_gib is not None:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
@@ -211,7 +212,9 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
                         request_rate=request_rate, seed=seed)
-    return simulate(model, gpu, tp, isl, osl, cfg, precision=precision, predictor=pred)
+    r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
+    r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
+    return r
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,8 +250,9 @@ def print_result(r: ServingResult) -> None:
     c = Console(width=140)
     a, s, m = r.assumptions, r.steps, r.memory
     c.print(f"{a['model']} on [bold]{a['gpu']}[/bold]" + (f" ({a['device']})" if a.get("device") else "")
-            + f" x{a['tp']} {a['precision']} — concurrency {a['concurrency']}, "
-            f"{a['num_prompts']} requests")
+            + f" x{a['tp']} {a['weights']['precision'] if 'weights' in a else a['precision']} — concurrency "
+            f"{a['concurrency']}, {a['num_prompts']} requests"
+            + (f" ({a['weights']['why']})" if "weights" in a and not a["weights"]["why"].startswith("--") else ""))
     t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
     for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "duration s"):
         t.add_column(col, justify="right")
@@ -341,8 +345,9 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     blank or auto, on, off; request_rate: blank for --request-rate's, inf for the closed loop, or requests/s).
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
-    precision = _check_precision((row.get("precision") or "bf16").lower())
     get_model(row["model"])
+    cell = row.get("precision")
+    precision = None if cell is None or not str(cell).strip() else _check_precision(str(cell))  # None: the model's
     if not _is_cpu(row["gpu"]):
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),

@@ -54,7 +54,8 @@ class LayoutModel:
 
     def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
         self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
-        self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, **cfg.constants.get(gpu.name, {}),
+        self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, act_scale=cfg.act_scale,
+                              **cfg.constants.get(gpu.name, {}),
                               allreduce_fusion=cfg.allreduce_fusion)
         self.shard = self.pred.model
         self.mem = memory_fit(gpu, self.shard, stats, cfg, cfg.precision)

@@ -37,6 +37,7 @@ class PlanConfig:
     # GPU name -> its calibration's Predictor constants (Calibration.predictor_constants: bf16 and fp8)
     constants: dict[str, dict[str, ArchConstants]] = field(default_factory=dict)
     precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
+    act_scale: str = "static"  # fp8: the inputs' scales, "static" (the checkpoint's) or "dynamic" (per step)
     async_scheduling: bool | None = None  # vLLM's async scheduling in the simulated serving (None: its default)
     allreduce_fusion: bool | None = None  # vLLM's all-reduce + RMSNorm fusion under TP (None: its default)
 
@@ -53,6 +54,8 @@ class PlanConfig:
             raise PlanError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
         if self.precision not in ("bf16", "fp8"):
             raise PlanError(f"precision must be bf16 or fp8, got {self.precision!r}")
+        if self.act_scale not in ("static", "dynamic"):
+            raise PlanError(f"act_scale must be static or dynamic, got {self.act_scale!r}")
         if self.rank_by not in ("auto", "gpu", "dollar", "layout"):
             raise PlanError(f"rank_by must be auto, gpu, dollar or layout, got {self.rank_by!r}")
         for g, p in self.prices.items():
