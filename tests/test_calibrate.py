@@ -571,6 +571,8 @@ def test_fp8_calibration_reaches_ops_predict_simulate_and_the_plugin(tmp_path):
     a, b = run(*sim), run(*sim, "--calibration", str(out))
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     assert json.loads(b.stdout)["tpot_ms"] > json.loads(a.stdout)["tpot_ms"]  # the truth is the slower GPU
+    assert json.loads(b.stdout)["assumptions"]["calibration"] == str(out)
+    assert json.loads(a.stdout)["assumptions"]["calibration"] is None
     mon = _monitor({"M2LIVE_GPU": H100, "M2LIVE_CALIBRATION": str(out)})
     try:
         assert mon.calibration != "none"

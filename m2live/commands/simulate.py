@@ -214,6 +214,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         request_rate=request_rate, seed=seed)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
+    r.assumptions["calibration"] = str(calibration) if calibration else None  # None: the family's constants
     return r
 
 
@@ -281,7 +282,8 @@ def print_result(r: ServingResult) -> None:
             + f"clock {a['clock']}, frontend "
             f"{a['frontend_ms_each_way']:g} ms each way, API server {a['frontend_service_ms_per_request']:g} ms per "
             f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix-cache hits: "
-            f"{a['prefix_caching_hits'] or 'none'}")
+            f"{a['prefix_caching_hits'] or 'none'}"
+            + (f", calibration {a['calibration']}" if a.get("calibration") else ""))
 
 
 def run_batch(args: argparse.Namespace) -> int:
