@@ -110,7 +110,10 @@ class Calibration:
         if doc.get("arch") != gpu.kernel_family:
             raise CalibrationError(f"{where}: arch {doc.get('arch')!r} is not {gpu.name}'s ({gpu.kernel_family})")
         consts, consts8 = doc.get("constants"), doc.get("constants_fp8", {})
-        if not isinstance(consts, dict) or not isinstance(consts8, dict) or not (consts or consts8):
+        for key, section in (("constants", consts), ("constants_fp8", consts8)):
+            if not isinstance(section, dict):
+                raise CalibrationError(f"{where}: {key!r} must be an object of name -> {{prior, fitted}}")
+        if not (consts or consts8):
             raise CalibrationError(f"{where}: no constants")
         if consts8 and gpu.fp8_tflops is None:
             raise CalibrationError(f"{where}: fp8 constants for {gpu.name}, which has no fp8 tensor cores")
