@@ -85,9 +85,28 @@ def test_engine_info_reads_the_engines_weights(tmp_path, quantization, qc, want)
     from vllm_hooks.adapter import engine_info
 
     info = engine_info(_engine_config(tmp_path, quantization, qc))
-    assert info.weights.precision == want
+    assert info.weights.precision == want and info.kv_cache_dtype == "auto"
     if qc is FP8_STATIC:
         assert info.weights.act_scale == "static"
+
+
+def test_an_fp8_kv_cache_is_said_to_be_unmodelled(tmp_path, capfd):
+    from m2live.hardware import get_gpu
+    from m2live.live.device import predicted_weights
+    from vllm_hooks.adapter import engine_info
+
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+
+    vc = EngineArgs(model=str(MODELS / "tiny-llama"), load_format="dummy", skip_tokenizer_init=True,
+                    kv_cache_dtype="fp8").create_engine_config()
+    info = engine_info(vc)
+    assert info.kv_cache_dtype == "fp8"
+    from m2live.live.logs import install_log_handler
+
+    install_log_handler()  # the plugin's own stderr handler, as a monitor installs it
+    predicted_weights(info, get_gpu("NVIDIA H100 80GB HBM3"), "0")
+    assert "KV cache dtype fp8 is not modelled" in capfd.readouterr().err
 
 
 def _monitor(weights: WeightFormat, gpu: str, env: dict | None = None):

@@ -112,7 +112,8 @@ def engine_info(vllm_config: Any) -> EngineInfo:
                       engine_index=int(index), device=device,
                       local_rank=int(getattr(pc, "data_parallel_rank_local", None) or 0),
                       max_num_batched_tokens=int(sc.max_num_batched_tokens), max_num_seqs=int(sc.max_num_seqs),
-                      allreduce_fusion=allreduce_fusion(vllm_config), weights=weights)
+                      allreduce_fusion=allreduce_fusion(vllm_config), weights=weights,
+                      kv_cache_dtype=str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto")))
 
 
 def allreduce_fusion(vllm_config: Any) -> bool | None:

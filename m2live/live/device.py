@@ -41,6 +41,7 @@ class EngineInfo:
     allreduce_fusion: bool | None = None
     # the linear layers' weights as the engine runs them (its quantization config; bf16 when unquantised)
     weights: WeightFormat = WeightFormat()
+    kv_cache_dtype: str = "auto"  # the engine's cache_config.cache_dtype ("auto": the model's dtype)
 
 
 @dataclass
@@ -140,6 +141,9 @@ def predicted_weights(info: EngineInfo, gpu: GpuSpec, engine: str) -> WeightForm
     """The weights' format the predictor prices: the engine's, unless fp8 on a device without fp8 tensor cores
     (the CPU device measures the engine's own kernels as they run, on bf16 shapes) — then bf16, said once."""
     w = info.weights
+    if info.kv_cache_dtype not in ("auto", "bfloat16", "float16", "bf16", "fp16"):
+        log.warning("engine %s: KV cache dtype %s is not modelled: attention is priced reading a 16-bit cache (the "
+                    "online correction absorbs the difference)", engine, info.kv_cache_dtype)
     if w.precision == "fp8" and gpu.fp8_tflops is None:
         log.warning("engine %s: %s, but %s has no fp8 tensor cores: its linear layers are priced as bf16",
                     engine, w.why, gpu.name)
