@@ -106,7 +106,11 @@ PANELS: list[tuple] = [
     ("Clock source and sample age", "timeseries", "s", [
         _t(f"m2live_clock_source_info{{{SEL}}}", "source={{source}} {{engine}}"),
         _t(f"m2live_clock_age_seconds{{{SEL}}}", "sample age {{engine}}"),
-    ], 24, {}),
+    ], 12, {}),
+    ("What the predictions price: calibration and weights", "timeseries", "short", [
+        _t(f"m2live_calibration_info{{{SEL}}}", "calibration={{calibration}} {{engine}}"),
+        _t(f"m2live_weights_info{{{SEL}}}", "weights={{precision}} {{engine}}"),
+    ], 12, {}),
     ("row", "Admission (SLO-aware token budget)"),
     ("Admission — token budget", "timeseries", "short", [
         _t(f"m2live_admission_token_budget{{{SEL}}}", "token budget {{engine}}"),

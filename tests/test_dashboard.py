@@ -166,6 +166,8 @@ def test_every_panel_expression_returns_data_from_a_real_prometheus(dashboard, p
     port = free_port()
     exp = PrometheusExporter("127.0.0.1", port, engine="0", counters=lambda: {
         "hook_errors_total": 2.0, "mqtt_dropped_total": 5.0}).start()
+    exp.set_calibration("none")  # as the plugin's sinks set them at start-up
+    exp.set_weights("bf16")
     stop = threading.Event()
 
     def feed() -> None:  # a live engine: one step every 20 ms, records from real predictions

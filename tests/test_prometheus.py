@@ -176,6 +176,19 @@ def test_clock_source_info_follows_set_clock_source():
         exp.close()
 
 
+def test_weights_info_says_what_the_predictions_price():
+    exp, reg = exporter()
+    try:
+        assert reg.get_sample_value("m2live_weights_info", {**L, "precision": "bf16"}) is None  # not told yet
+        exp.set_weights("fp8 (static input scales)")
+        assert reg.get_sample_value("m2live_weights_info", {**L, "precision": "fp8 (static input scales)"}) == 1
+        exp.set_weights("bf16")
+        assert reg.get_sample_value("m2live_weights_info", {**L, "precision": "bf16"}) == 1
+        assert reg.get_sample_value("m2live_weights_info", {**L, "precision": "fp8 (static input scales)"}) is None
+    finally:
+        exp.close()
+
+
 def test_engines_get_their_own_series():
     exp, reg = exporter()
     try:
