@@ -125,7 +125,8 @@ class OpModel:
     when served (a light op, fused into the neighbouring kernels by torch.compile).
     """
 
-    def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None):
+    def __init__(self, gpu: GpuSpec | str, dtype: str = "bf16", constants: ArchConstants | None = None,
+                 kv_elt: int = 2):
         self.gpu = get_gpu(gpu)
         if dtype not in PRECISIONS:
             raise ValueError(f"unknown precision {dtype!r}: one of {', '.join(PRECISIONS)}")
@@ -137,7 +138,11 @@ class OpModel:
         self.elt = 1 if dtype == "fp8" else 2  # bytes per GEMM input element (weights and activations)
         self.out_elt = 2  # GEMM outputs are bf16 (fp8 scaled-mm dequantises in its epilogue)
         self.peak = self.gpu.peak_flops(dtype)  # at boost: the GEMMs' tensor peak
-        self.attn_elt = 2  # attention operands and the KV cache: bf16 at either precision
+        self.attn_elt = 2  # attention's q and output: bf16 at either precision
+        # the KV cache's element: bf16 (vLLM's kv_cache_dtype "auto"), or 1 byte for an fp8 cache — priced by its
+        # bytes alone (streamed and written at half the bytes; the kernels' efficiencies and tensor rate stay the
+        # bf16 kernels': no table measured an fp8-KV attention kernel)
+        self.kv_elt = kv_elt
         self.attn_peak = self.gpu.peak_flops("bf16") if dtype == "fp8" else self.peak
         self.bw = self.gpu.data_bw  # the peak less inline ECC's check bits (GpuSpec.data_bw)
         g = self.gpu  # the datasheet facts every call reads, looked up once (the step predictor's hot path)
@@ -309,7 +314,7 @@ class OpModel:
             else:
                 t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
-        nbytes = self.attn_elt * head_dim * (2 * heads * q_tokens + 2 * kv_heads * kv_tokens)
+        nbytes = head_dim * (2 * heads * q_tokens * self.attn_elt + 2 * kv_heads * kv_tokens * self.kv_elt)
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
         tm = nbytes / (self.bw * c.eta_attn_mem)
@@ -338,7 +343,7 @@ class OpModel:
         c = self.c
         total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
         kv_read = total_ctx + n_seqs
-        nbytes = self.attn_elt * head_dim * (2 * kv_heads * kv_read + 2 * heads * n_seqs)  # KV read, q in, out
+        nbytes = head_dim * (2 * kv_heads * kv_read * self.kv_elt + 2 * heads * n_seqs * self.attn_elt)  # KV, q, out
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
         sms = self._sms
@@ -450,7 +455,8 @@ class OpModel:
         hit = self._write_cache.get(key)
         if hit is not None:
             return hit
-        t = self.elementwise(4.0 * self.attn_elt * kv_heads * head_dim * tokens).t_memory
+        # K and V read in bf16, written in the cache's element
+        t = self.elementwise(2.0 * (self.attn_elt + self.kv_elt) * kv_heads * head_dim * tokens).t_memory
         if self.c.t_cache_cta > 0:  # (no tokens: zero waves, the stream's 0 stands)
             max_threads, max_ctas = self._sm_limits
             resident = min(max_ctas, max_threads // min(kv_heads * head_dim, 512))  # >= 3: 512-thread CTAs fit

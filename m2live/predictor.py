@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .efficiency import ENERGY_PER_FLOP, ArchConstants
 from .hardware import GpuSpec
 from .operators import OpModel, OpTime, branch, remember
+from .quantization import kv_cache_bytes
 from .shapes import ModelShape, get_model
 from .step import Step
 
@@ -132,7 +133,7 @@ class Predictor:
                  dtype: str = "bf16", host: HostConstants | None = None,
                  constants: ArchConstants | None = None, act_scale: str = "static",
                  allreduce_fusion: bool | None = None, sampler: bool = True,
-                 fp8_constants: ArchConstants | None = None):
+                 fp8_constants: ArchConstants | None = None, kv_cache_dtype: str = "auto"):
         """``dtype``: precision of the four projections' weights ("bf16", or "fp8": vLLM's W8A8 linear layers;
         attention, the KV cache, the LM head and the embeddings stay bf16). ``act_scale`` (fp8 only): "static"
         (the checkpoint's calibrated per-tensor input scales) or "dynamic" (vLLM's default for on-the-fly fp8:
@@ -140,18 +141,25 @@ class Predictor:
         vLLM's all-reduce + RMSNorm fusion under TP (``allreduce_fusion_max_bytes``; None: vLLM's default).
         ``sampler``: the LM head's logits go through vLLM's sampler (and the vocab gather under TP); False for a
         model that stops at the logits (the probe's torch decoder). ``constants`` / ``fp8_constants``: the GPU's
-        own (a calibration's ``predictor_constants``) for its bf16 kernels and its fp8 GEMMs; None: the family's."""
+        own (a calibration's ``predictor_constants``) for its bf16 kernels and its fp8 GEMMs; None: the family's.
+        ``kv_cache_dtype``: vLLM's ("auto": the model's dtype; "fp8" / "fp8_e4m3" / "fp8_e5m2": one byte per element,
+        ``KV_CACHE_BYTES``) — the cache's capacity and the bytes attention streams and writes."""
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
+        kv_elt = kv_cache_bytes(kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
         self.dtype = dtype
         self.act_scale = act_scale
         self.sampler = sampler
         self._sampling_s: dict[int, float] = {}  # sampler (+ vocab gather) seconds by sampled-sequence count
-        self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants)
+        base = get_model(model)
+        kv_elt = kv_elt or base.dtype_bytes
+        self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants, kv_elt=kv_elt)
         self.gemm_ops = (OpModel(self.ops.gpu, dtype="fp8", constants=fp8_constants) if dtype == "fp8"
                          else self.ops)  # the four projections
         self.gpu = self.ops.gpu
-        base = get_model(model)
+        if kv_elt != base.dtype_bytes:
+            base = replace(base, kv_dtype_bytes=kv_elt)
         self.model = base.sharded(tp)
         self.tp = tp
         self.host = host or HostConstants()
@@ -164,8 +172,8 @@ class Predictor:
         h, kv, hd = m.hidden, m.kv_heads_per_gpu, m.head_dim
         # light ops per token per layer (bytes): 2 fused add+RMSNorm (read x,res; write x,res), RoPE on q,k,
         # SiLU*mul (read 2I/tp, write I/tp), KV-cache write (read+write k,v)
-        self._light_bytes_per_token = d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd
-                                           + 3 * m.intermediate // tp + 4 * kv * hd)
+        self._light_bytes_per_token = (d * (2 * 4 * h + 2 * (m.heads_per_gpu + kv) * hd + 3 * m.intermediate // tp)
+                                       + 2 * kv * hd * (d + kv_elt))  # (K and V read in d, written in kv_elt)
         self._light_kernels = LIGHT_KERNELS_PER_LAYER_CPU if self.gpu.arch == "cpu" else LIGHT_KERNELS_PER_LAYER
         # Qwen3's per-head q and k RMSNorm before RoPE (q_norm, k_norm; ModelShape.qk_norm) costs no kernel and no
         # pass of its own as vLLM serves it: compiled with the norm native (platforms/cuda.py), Inductor makes each

@@ -138,3 +138,17 @@ def model_weights(model: object) -> WeightFormat:
         scale = "dynamic" if "dynamic" in words else "static"
         return WeightFormat("fp8", scale, f"the checkpoint's name says FP8 ({scale} input scales)")
     return WeightFormat()
+
+
+# vLLM's --kv-cache-dtype values -> bytes per cache element ("auto": the model's dtype, None here)
+KV_CACHE_BYTES: dict[str, int | None] = {"auto": None, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+                                         "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def kv_cache_bytes(kv_cache_dtype: str | None) -> int | None:
+    """Bytes per KV-cache element of a vLLM ``kv_cache_dtype`` (None: "auto", the model's dtype); ValueError for a
+    value vLLM's CUDA backend does not take."""
+    key = str(kv_cache_dtype or "auto").strip().lower()
+    if key not in KV_CACHE_BYTES:
+        raise ValueError(f"kv cache dtype must be one of {', '.join(KV_CACHE_BYTES)}, got {kv_cache_dtype!r}")
+    return KV_CACHE_BYTES[key]

@@ -47,6 +47,7 @@ class ModelShape:
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     dtype_bytes: int = 2  # bf16 weights and activations
     tp: int = 1  # tensor-parallel degree this shape is sharded for
+    kv_dtype_bytes: int = 0  # bytes per KV-cache element; 0: dtype_bytes (vLLM's kv_cache_dtype "auto")
 
     # --- per-GPU (sharded) dimensions --------------------------------------------------------------
     @property
@@ -94,7 +95,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token on one GPU, all layers (K and V)."""
-        return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     def param_count(self) -> int:
         full = replace(self, tp=1)

@@ -90,26 +90,40 @@ def test_engine_info_reads_the_engines_weights(tmp_path, quantization, qc, want)
         assert info.weights.act_scale == "static"
 
 
-def test_an_fp8_kv_cache_is_said_to_be_unmodelled(tmp_path, capfd):
-    from m2live.hardware import get_gpu
-    from m2live.live.device import predicted_weights
-    from vllm_hooks.adapter import engine_info
-
+def test_an_fp8_kv_cache_is_priced_by_its_bytes(tmp_path, capfd):
+    """vLLM's --kv-cache-dtype fp8 read from a real VllmConfig: the plugin's predictor holds twice the tokens per
+    byte and streams half the KV bytes in decode; an unknown value falls back to the model's dtype, said once."""
     pytest.importorskip("vllm")
     from vllm.engine.arg_utils import EngineArgs
+
+    from m2live.live.device import predicted_kv_cache
+    from m2live.live.logs import install_log_handler
+    from m2live.step import Step
+    from vllm_hooks.adapter import engine_info
 
     vc = EngineArgs(model=str(MODELS / "tiny-llama"), load_format="dummy", skip_tokenizer_init=True,
                     kv_cache_dtype="fp8").create_engine_config()
     info = engine_info(vc)
     assert info.kv_cache_dtype == "fp8"
-    from m2live.live.logs import install_log_handler
-
     install_log_handler()  # the plugin's own stderr handler, as a monitor installs it
-    predicted_weights(info, get_gpu("NVIDIA H100 80GB HBM3"), "0")
-    assert "KV cache dtype fp8 is not modelled" in capfd.readouterr().err
+    assert predicted_kv_cache(info, "0") == "fp8"
+    assert "one byte per cached element" in capfd.readouterr().err
+    from dataclasses import replace as dc_replace
+
+    assert predicted_kv_cache(dc_replace(info, kv_cache_dtype="int3"), "0") == "auto"
+    assert "not one m2live knows" in capfd.readouterr().err
+    step = Step.build([], [4000] * 32)
+    mons = {kv: _monitor(WeightFormat(), "NVIDIA H100 80GB HBM3", kv_cache_dtype=kv) for kv in ("auto", "fp8")}
+    try:
+        p16, p8 = mons["auto"].predictor, mons["fp8"].predictor
+        assert p8.kv_cache_dtype == "fp8" and p8.model.kv_bytes_per_token() * 2 == p16.model.kv_bytes_per_token()
+        assert p8.predict(step).ops["attn_decode"] < 0.7 * p16.predict(step).ops["attn_decode"]
+    finally:
+        for m in mons.values():
+            m.close()
 
 
-def _monitor(weights: WeightFormat, gpu: str, env: dict | None = None):
+def _monitor(weights: WeightFormat, gpu: str, env: dict | None = None, kv_cache_dtype: str = "auto"):
     from conftest import free_port
 
     from m2live.config import M2liveConfig
@@ -118,7 +132,7 @@ def _monitor(weights: WeightFormat, gpu: str, env: dict | None = None):
     from vllm_hooks.sinks import start_monitor
 
     cfg = M2liveConfig.from_env({"M2LIVE_PROM_PORT": str(free_port()), "M2LIVE_GPU": gpu, **(env or {})})
-    info = EngineInfo(get_model(MODELS / "bench-llama"), "bench", weights=weights)
+    info = EngineInfo(get_model(MODELS / "bench-llama"), "bench", weights=weights, kv_cache_dtype=kv_cache_dtype)
     return start_monitor(cfg, info, step_of=lambda s, o: None)
 
 
@@ -244,3 +258,34 @@ def test_an_fp8_engine_predicts_with_its_gpus_fp8_calibration(tmp_path):
         assert p.ops.c.eta_attn == constants_for(get_gpu(h100)).eta_attn  # no bf16 row: the family's
     finally:
         mon.close()
+
+
+def test_simulate_and_predict_take_an_fp8_kv_cache(tmp_path):
+    import csv
+    import io
+    import json
+
+    from conftest import one_line_error, run
+
+    sim = ["simulate", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100-sxm", "--tp", "2", "--precision",
+           "fp8", "--isl", "8192", "--osl", "256", "--concurrency", "48", "--json"]
+    a, b = run(*sim), run(*sim, "--kv-cache-dtype", "fp8")
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert (ja["assumptions"]["kv_cache_dtype"], jb["assumptions"]["kv_cache_dtype"]) == ("auto", "fp8")
+    assert jb["memory"]["kv_tokens"] == pytest.approx(2 * ja["memory"]["kv_tokens"], rel=1e-4)
+    assert jb["ttft_ms"] < ja["ttft_ms"]  # twice the cache: fewer requests wait for blocks
+    batch = tmp_path / "b.csv"
+    batch.write_text("model,gpu,tp,isl,osl,concurrency,precision,kv_cache_dtype\n"
+                     "meta-llama/Llama-3.1-8B,h100-sxm,1,1024,128,8,fp8,fp8\n"
+                     "meta-llama/Llama-3.1-8B,h100-sxm,1,1024,128,8,fp8,\n")
+    p = run("simulate", "--batch", str(batch))
+    assert p.returncode == 0, p.stderr
+    rows = list(csv.DictReader(io.StringIO(p.stdout)))
+    assert float(rows[0]["tpot_ms"]) <= float(rows[1]["tpot_ms"])
+    batch.write_text("model,gpu,tp,isl,osl,concurrency,precision,kv_cache_dtype\n"
+                     "meta-llama/Llama-3.1-8B,h100-sxm,1,1024,128,8,fp8,int4\n")
+    assert f"{batch}:2:" in one_line_error(run("simulate", "--batch", str(batch)))
+    step = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B", "--decode", "8000x32", "--json"]
+    d16, d8 = (json.loads(run(*step, *x).stdout)["ops"]["attn_decode"] for x in ([], ["--kv-cache-dtype", "fp8"]))
+    assert d8 < 0.7 * d16

@@ -13,7 +13,7 @@ from .. import limits
 from ..calibrate import load_for
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
-from ..quantization import weights_for
+from ..quantization import KV_CACHE_BYTES, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
 
@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tensor peak, 1 byte per weight, the input quantisation as a light op; attention, the KV "
                         "cache and the LM head stay bf16); default: the checkpoint's (its config.json's "
                         "quantization_config, or FP8 in its name), else bf16")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_BYTES),
+                   help="vLLM's --kv-cache-dtype: auto (default: the model's dtype) or fp8 (one byte per element: "
+                        "attention streams and writes half the bytes; priced by its bytes)")
     p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's all-reduce + RMSNorm fusion under TP: auto (default: vLLM's default since 0.16, on "
                         "for Hopper and Blackwell data-centre GPUs over NVLink on steps small enough), on, or off")
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     w = weights_for(args.precision, args.model)
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **load_for(args.calibration, args.gpu),
-                          dtype=w.precision, act_scale=w.act_scale,
+                          dtype=w.precision, act_scale=w.act_scale, kv_cache_dtype=args.kv_cache_dtype,
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if beyond := tp_beyond_node(p.gpu, tp):
         raise ValueError(beyond)

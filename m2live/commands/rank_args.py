@@ -96,7 +96,7 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
                       max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
                       constants=calibrated_constants(args.calibration, gpus), precision=w.precision,
-                      act_scale=w.act_scale,
+                      act_scale=w.act_scale, kv_cache_dtype=args.kv_cache_dtype,
                       async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
                       allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
 

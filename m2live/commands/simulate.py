@@ -20,6 +20,8 @@ default of recent vLLM; ``--async-scheduling off`` for a server that runs withou
 default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
 steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
 server each way and 3 ms of the API server's serial work per request, plus 2.5 us per prompt token of tokenising.
+KV cache: the model's dtype unless ``--kv-cache-dtype fp8`` (a batch file's ``kv_cache_dtype`` cell): one byte per
+element, priced by its bytes.
 Weights: ``--precision`` (a batch file's ``precision`` cell) when given, else the checkpoint's — its config.json's
 ``quantization_config``, or an "FP8" in its Hugging Face id (``-FP8-dynamic``: dynamic input scales) — else bf16.
 """
@@ -43,7 +45,7 @@ from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
-from ..quantization import precision_of, weights_for
+from ..quantization import kv_cache_bytes, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
@@ -58,7 +60,8 @@ from ..simulate import (
 )
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
-BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate")
+BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
+                  "kv_cache_dtype")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
@@ -76,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3, per-tensor scales); default: the "
                         "checkpoint's (its config.json's quantization_config, or FP8 in its name), else bf16")
+    p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype: auto (default: the model's "
+                   "dtype) or fp8 (fp8_e4m3, fp8_e5m2): twice the cache's tokens, half the bytes attention streams "
+                   "(priced by its bytes; no fp8-KV attention kernel was measured)")
     p.add_argument("--max-num-batched-tokens", help="vLLM token budget per step (default: vLLM's for the device)")
     p.add_argument("--max-num-seqs", help="vLLM max running requests (default: vLLM's for the device)")
     p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
@@ -136,6 +142,14 @@ def _is_cpu(name: str) -> bool:
     return str(name).strip().lower() in ("cpu", "cpu-device")
 
 
+def _check_kv_dtype(text: str) -> str:
+    try:
+        kv_cache_bytes(text)
+    except ValueError as e:
+        raise SimulationError(str(e)) from None
+    return str(text).strip().lower()
+
+
 def _check_precision(precision: str) -> str:
     try:
         return precision_of(precision)
@@ -183,7 +197,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
-            tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0) -> ServingResult:
+            tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
+            kv_cache_dtype: str = "auto") -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -194,14 +209,16 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         constants = load_for(calibration, gpu)
     d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
     graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
-    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion)
+    kv_cache_dtype = _check_kv_dtype(kv_cache_dtype)
+    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion,
+           kv_cache_dtype)
     pred = _PREDICTORS.get(key)
     if pred is None:
         if len(_PREDICTORS) > 64:
             _PREDICTORS.clear()
         pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, weights.precision, graph_max_tokens=graphs,
                                                  act_scale=weights.act_scale, **constants,
-                                                 allreduce_fusion=allreduce_fusion)
+                                                 allreduce_fusion=allreduce_fusion, kv_cache_dtype=kv_cache_dtype)
     if kv_gib is not None:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
@@ -215,6 +232,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["calibration"] = str(calibration) if calibration else None  # None: the family's constants
+    r.assumptions["kv_cache_dtype"] = kv_cache_dtype
     return r
 
 
@@ -239,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
-                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0))
+                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype)
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -283,7 +301,8 @@ def print_result(r: ServingResult) -> None:
             f"{a['frontend_ms_each_way']:g} ms each way, API server {a['frontend_service_ms_per_request']:g} ms per "
             f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix-cache hits: "
             f"{a['prefix_caching_hits'] or 'none'}"
-            + (f", calibration {a['calibration']}" if a.get("calibration") else ""))
+            + (f", calibration {a['calibration']}" if a.get("calibration") else "")
+            + (f", KV cache {a['kv_cache_dtype']}" if a.get("kv_cache_dtype", "auto") != "auto" else ""))
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -309,7 +328,7 @@ def run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)]  # the input's columns, echoed
-    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell))) in enumerate(
+    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
@@ -318,7 +337,8 @@ def run_batch(args: argparse.Namespace) -> int:
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
                         tokenize_us=tokenize_us, seed=seed,
-                        request_rate=rate if rate_cell is None else rate_cell)
+                        request_rate=rate if rate_cell is None else rate_cell,
+                        kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
@@ -359,7 +379,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
               parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
-              _rate(row.get("request_rate"), "request_rate"))
+              _rate(row.get("request_rate"), "request_rate"),
+              _check_kv_dtype(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None)
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 

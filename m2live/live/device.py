@@ -18,7 +18,7 @@ from ..config import M2liveConfig
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor, has_power_model
-from ..quantization import WeightFormat
+from ..quantization import WeightFormat, kv_cache_bytes
 from ..shapes import ModelShape, get_model
 from ..telemetry import ClockSampler, ClockSource, choose_clock_source
 
@@ -141,9 +141,6 @@ def predicted_weights(info: EngineInfo, gpu: GpuSpec, engine: str) -> WeightForm
     """The weights' format the predictor prices: the engine's, unless fp8 on a device without fp8 tensor cores
     (the CPU device measures the engine's own kernels as they run, on bf16 shapes) — then bf16, said once."""
     w = info.weights
-    if info.kv_cache_dtype not in ("auto", "bfloat16", "float16", "bf16", "fp16"):
-        log.warning("engine %s: KV cache dtype %s is not modelled: attention is priced reading a 16-bit cache (the "
-                    "online correction absorbs the difference)", engine, info.kv_cache_dtype)
     if w.precision == "fp8" and gpu.fp8_tflops is None:
         log.warning("engine %s: %s, but %s has no fp8 tensor cores: its linear layers are priced as bf16",
                     engine, w.why, gpu.name)
@@ -158,4 +155,21 @@ def build_predictor(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape, devi
     label, calibrated = load_calibration(cfg, device.spec, engine)
     w = predicted_weights(info, device.spec, engine)
     return Predictor(device.spec, shape, tp=max(1, info.tp), **(calibrated or {"constants": device.constants}),
-                     dtype=w.precision, act_scale=w.act_scale, allreduce_fusion=info.allreduce_fusion), label
+                     dtype=w.precision, act_scale=w.act_scale, allreduce_fusion=info.allreduce_fusion,
+                     kv_cache_dtype=predicted_kv_cache(info, engine)), label
+
+
+def predicted_kv_cache(info: EngineInfo, engine: str) -> str:
+    """The engine's KV-cache dtype as the predictor prices it: fp8 by its bytes (one per element; the fp8-KV
+    attention kernels' own efficiencies were never measured, the start-up log says so), a value m2live does not
+    know as the model's dtype, with a warning."""
+    kv = str(info.kv_cache_dtype or "auto").strip().lower()
+    try:
+        n = kv_cache_bytes(kv)
+    except ValueError:
+        log.warning("engine %s: KV cache dtype %r is not one m2live knows: priced as the model's dtype", engine, kv)
+        return "auto"
+    if n == 1:
+        log.info("engine %s: fp8 KV cache (%s): attention priced at one byte per cached element, with the 16-bit "
+                 "kernels' efficiencies (no fp8-KV kernel was measured)", engine, kv)
+    return kv

@@ -55,6 +55,7 @@ class LayoutModel:
     def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
         self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
         self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, act_scale=cfg.act_scale,
+                              kv_cache_dtype=cfg.kv_cache_dtype,
                               **cfg.constants.get(gpu.name, {}),
                               allreduce_fusion=cfg.allreduce_fusion)
         self.shard = self.pred.model

@@ -38,6 +38,7 @@ class PlanConfig:
     constants: dict[str, dict[str, ArchConstants]] = field(default_factory=dict)
     precision: str = "bf16"  # the four projections' weights: bf16, or fp8 (vLLM's W8A8; attention/KV stay bf16)
     act_scale: str = "static"  # fp8: the inputs' scales, "static" (the checkpoint's) or "dynamic" (per step)
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype (fp8: one byte per element)
     async_scheduling: bool | None = None  # vLLM's async scheduling in the simulated serving (None: its default)
     allreduce_fusion: bool | None = None  # vLLM's all-reduce + RMSNorm fusion under TP (None: its default)
 
