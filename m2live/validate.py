@@ -144,7 +144,8 @@ class RowPredictor:
             c = (self.fp8_constants if dtype == "fp8" else self.constants).get(gpu.kernel_family)
             if self.calibration is not None:
                 self.calibration.check_gpu(gpu)
-                c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
+                if dtype != "fp8" or gpu.fp8_tflops is not None:  # (no fp8 tensor cores: OpModel says so below)
+                    c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
             try:
                 m = self._models[(name, dtype)] = OpModel(gpu, dtype=dtype, constants=c)
             except ValueError as e:  # fp8 on a GPU without fp8 tensor cores
