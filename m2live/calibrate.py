@@ -394,13 +394,13 @@ def score(cal: Calibration | None, gpu_name: str, rows: Sequence[Row]) -> float:
 
 
 
-__all__ = [  # every name m2live.calibrate offered before the split (the bench, tests and commands use them)
-    "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CARRIED_TO_FP8", "CV_CONFIGS", "DTYPE", "FP8_CALIBRATED",
-    "GEMM_KINDS", "carry_to_fp8", "fp8_prior", "row_kind", "CV_FOLDS", "CV_MIN_ROWS", "FEW_ROWS_CONFIG",
-    "DEFAULT_BUDGET", "DISCRETE", "FILES", "FIT_GROUPS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS",
-    "PRIMARY", "RESID_SCALE", "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT",
-    "TABLE_KIND", "ArchConstants", "Calibration", "CalibrationError", "GpuSpec",
-    "OpModel", "Params", "Row", "active", "constants_for", "fit", "fit_constants", "get_gpu",
-    "grid_rows", "load", "load_for", "medoids", "plan", "predict_rows", "read_rows", "read_table", "regime",
-    "replace", "rows_from_tables", "score", "shape_features", "shape_key", "write_plan",
+__all__ = [  # every name m2live.calibrate offers (the bench, tests and commands use them)
+    "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CARRIED_TO_FP8", "CV_CONFIGS", "CV_FOLDS",
+    "CV_MIN_ROWS", "DEFAULT_BUDGET", "DISCRETE", "DTYPE", "FEW_ROWS_CONFIG", "FILES", "FIT_GROUPS",
+    "FP8_CALIBRATED", "GEMM_KINDS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS", "PRIMARY", "RESID_SCALE",
+    "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT", "TABLE_KIND", "ArchConstants", "Calibration",
+    "CalibrationError", "GpuSpec", "OpModel", "Params", "Row", "active", "carry_to_fp8", "constants_for",
+    "fit", "fit_constants", "fp8_prior", "get_gpu", "grid_rows", "load", "load_for", "medoids", "plan",
+    "predict_rows", "read_rows", "read_table", "regime", "replace", "row_kind", "rows_from_tables", "score",
+    "shape_features", "shape_key", "write_plan",
 ]

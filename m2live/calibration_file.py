@@ -47,8 +47,9 @@ class Calibration:
     created: str = ""
     fit: dict = field(default_factory=dict)  # per fit group: what cross-validation chose, out-of-fold MAPEs
     path: str | None = field(default=None, compare=False)
-    # the fp8 GEMM constants (vLLM's CUTLASS scaled-mm), fitted on gemm_fp8 rows over ``fp8_prior``: {} when no
-    # fp8 row was measured (the fp8 constants then still take what the bf16 fit says of the GPU: carry_to_fp8)
+    # the fp8 GEMM constants (vLLM's CUTLASS scaled-mm), name -> {"prior": the family's fp8 value, "fitted": y},
+    # fitted on gemm_fp8 rows from ``fp8_prior`` (the family's with what the bf16 fit says of the GPU); {} when no
+    # fp8 row was measured (arch_constants("fp8") then still carries the bf16 fit's: carry_to_fp8)
     constants_fp8: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def fitted(self, dtype: str = "bf16") -> dict[str, float]:

@@ -136,19 +136,20 @@ def _measure_gemm(torch: Any, timer: _Timer, dev: Any, row: dict[str, str], dry:
     m, n, k = (int(row[c]) for c in ("m", "n", "k"))
     if dry:
         m, n, k = (min(v, DRY_CAP) for v in (m, n, k))
-    w_bytes = 1 if fp8_ops is not None else 2
-    if 2.0 * (m * k + m * n) + w_bytes * WEIGHT_COPIES * n * k > MEM_SHARE * timer.free_bytes():
+    # the weight copies (bf16: 2 B each; fp8: 1 B each, quantised one at a time from a bf16 one), input, output
+    weights = (2.0 * WEIGHT_COPIES if fp8_ops is None else WEIGHT_COPIES + 2.0) * n * k
+    if 2.0 * (m * k + m * n) + weights > MEM_SHARE * timer.free_bytes():
         return None
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(WEIGHT_COPIES)]
     if fp8_ops is None:
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(WEIGHT_COPIES)]
         F = torch.nn.functional
         copies = itertools.cycle(ws)  # in turn: the WEIGHT_COPIES calls of a replay read each copy once
         return timer.per_call(lambda: F.linear(x, next(copies)), WEIGHT_COPIES)  # the buffers go on return
     # e4m3 weights with a per-tensor scale, stored (n, k) and passed transposed (column-major), as vLLM's
     # Fp8LinearMethod leaves them for cutlass_scaled_mm
-    quant = [fp8_ops.scaled_fp8_quant(w, None) for w in ws]
-    del ws
+    quant = [fp8_ops.scaled_fp8_quant(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02, None)
+             for _ in range(WEIGHT_COPIES)]
     copies8 = itertools.cycle([(q.t(), s) for q, s in quant])
 
     def call() -> Any:
