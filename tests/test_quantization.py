@@ -289,3 +289,17 @@ def test_simulate_and_predict_take_an_fp8_kv_cache(tmp_path):
     step = ["predict", "--gpu", "h100-sxm", "--model", "meta-llama/Llama-3.1-8B", "--decode", "8000x32", "--json"]
     d16, d8 = (json.loads(run(*step, *x).stdout)["ops"]["attn_decode"] for x in ([], ["--kv-cache-dtype", "fp8"]))
     assert d8 < 0.7 * d16
+
+
+def test_rank_prices_an_fp8_kv_cache_and_says_so():
+    import json
+
+    from conftest import run
+
+    rank = ["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat", "--tp", "1", "--gpus", "h100-sxm",
+            "--json"]
+    a, b = (json.loads(run(*rank, *x).stdout) for x in ([], ["--kv-cache-dtype", "fp8"]))
+    assert (a["assumptions"]["kv_cache_dtype"], b["assumptions"]["kv_cache_dtype"]) == ("auto", "fp8")
+    ma, mb = a["ranking"][0]["memory"], b["ranking"][0]["memory"]
+    assert mb["kv_bytes_per_token"] * 2 == ma["kv_bytes_per_token"]
+    assert mb["kv_tokens"] >= 2 * ma["kv_tokens"]
