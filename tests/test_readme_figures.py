@@ -133,3 +133,13 @@ def test_calibrated_table_is_accuracy_json(page):
             assert row in text, (page, row)
             seen += 1
     assert seen == 11  # three GPUs x three bf16 kinds, and the two fp8 GEMM tables
+
+
+def test_fp8_carry_sentence_is_accuracy_json():
+    """The README's figure for a bf16 calibration alone carried to the fp8 GEMMs (zero-shot, default budget)."""
+    sec = _json("accuracy.json")["calibrated"]
+    d = sec["default_budget"]
+    cells = [sec["gpus"][g]["priors"]["zero_shot"]["by_budget"][d]["held_out"]["gemm_fp8"]
+             for g in ("NVIDIA H100 80GB HBM3", "NVIDIA B300 SXM6 AC")]
+    text = " / ".join(f"{c['mape_prior']:.2f} → {c['mape_carried']:.2f} %" for c in cells)
+    assert f"other family's constants: {text} with no fp8 row measured" in (REPO / "README.md").read_text()
