@@ -629,3 +629,38 @@ def test_fp8_calibration_on_opbench_fp8_from_another_familys_constants():
     assert mape(replace(zs8, **fitted)) < mape(zs8) - 1.0
     kept = cal.fit_constants(gpu, picked, own8)  # protected by the one-standard-error rule
     assert kept and all(v == pytest.approx(getattr(own8, n)) for n, v in kept.items())
+
+
+def test_plan_all_kinds_into_a_folder_measured_in_place_and_fitted(tmp_path):
+    """`calibrate plan --kind all -o DIR`: every kind's plan under the opbench file names (fp8 only where the GPU
+    has fp8 tensor cores), never over a file already there; measured in place, `calibrate fit DIR` takes it."""
+    d = tmp_path / "h100"
+    p = run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "all", "-o", str(d))
+    assert p.returncode == 0, p.stderr
+    for k in cal.KINDS:
+        rows = list(csv.DictReader((d / cal.FILES[k]).open()))
+        assert len(rows) == cal.DEFAULT_BUDGET[k] and "latency_ms" not in rows[0]
+    assert "never overwritten" in one_line_error(run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "all",
+                                                     "-o", str(d)))
+    # measured in place: each planned row gets the latency the known constants give it
+    gpu = get_gpu(H100)
+    truths = {"bf16": replace(constants_for(gpu), eta_mem=constants_for(gpu).eta_mem * 0.9),
+              "fp8": fp8_truth()}
+    for k in cal.KINDS:
+        path = d / cal.FILES[k]
+        rows = list(csv.DictReader(path.open()))
+        ms = cal.predict_rows(gpu, truths[cal.DTYPE[k]], [cal.Row(k, r) for r in rows])
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*rows[0], "latency_ms"])
+            w.writeheader()
+            w.writerows({**r, "latency_ms": f"{m:.8g}"} for r, m in zip(rows, ms, strict=True))
+    out = tmp_path / "cal.json"
+    assert run("calibrate", "fit", str(d), "--gpu", "h100-sxm", "-o", str(out)).returncode == 0
+    c = cal.load(out)
+    assert c.rows == cal.DEFAULT_BUDGET and c.constants_fp8
+    a100 = tmp_path / "a100"
+    assert run("calibrate", "plan", "--gpu", "a100-80gb", "--kind", "all", "-o", str(a100), "--budget",
+               "8").returncode == 0
+    assert sorted(p.name for p in a100.iterdir()) == sorted(cal.FILES[k] for k in cal.KINDS if k != "gemm_fp8")
+    assert len(list(csv.DictReader((a100 / cal.FILES["prefill"]).open()))) == 4
+    assert "-o DIR" in one_line_error(run("calibrate", "plan", "--gpu", "h100-sxm", "--kind", "all"))
