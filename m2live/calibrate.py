@@ -356,8 +356,7 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
     parts["bf16"] = (prior, values)
     fp8_rows = [r for r in rows if DTYPE[r.kind] == "fp8"]
     if fp8_rows:
-        if gpu.fp8_tflops is None:
-            raise CalibrationError(f"fp8 GEMM rows, but {gpu.name} has no fp8 tensor cores")
+        gpu.require_fp8()
         start = fp8_prior(gpu, values)
         parts["fp8"] = (start, fit_constants(gpu, fp8_rows, start, report=how))
     residual: dict[str, dict[str, float]] = {}

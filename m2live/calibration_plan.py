@@ -103,9 +103,8 @@ def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, 
     to measure on ``gpu_name``: the medoids of as many clusters (``medoids``). Deterministic."""
     gpu = get_gpu(gpu_name)  # an unknown GPU is an error before any work
     _check_kind(kind)
-    if DTYPE[kind] == "fp8" and gpu.fp8_tflops is None:
-        raise CalibrationError(f"{gpu.name} has no fp8 tensor cores: no fp8 GEMMs to calibrate (kind gemm_fp8 is for "
-                               "Ada, Hopper and Blackwell GPUs)")
+    if DTYPE[kind] == "fp8":
+        gpu.require_fp8()
     n = DEFAULT_BUDGET[kind] if budget is None else budget
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CalibrationError(f"--budget must be a positive integer, got {budget!r}")

@@ -510,6 +510,8 @@ def fitted_on_this_gpu(c: ArchConstants, gpu: GpuSpec) -> bool:
 def constants_for(gpu: GpuSpec, dtype: str = "bf16") -> ArchConstants:
     """The constants m2live uses on ``gpu``: its kernel family's, with the DRAM efficiencies moved to the GPU's
     own memory technology. A calibration (``m2live calibrate``) replaces fields of this on top."""
+    if dtype == "fp8":
+        gpu.require_fp8()
     c = arch_constants(gpu.kernel_family, dtype)
     if gpu.compute_capability not in TILE_POLICY_CHIPS.get(c.tile_policy, (gpu.compute_capability,)):
         c = replace(c, tile_policy="least_time")

@@ -96,6 +96,12 @@ class GpuSpec:
         return (self.memory.startswith("GDDR") and self.mem_total_mib is not None
                 and self.mem_total_mib <= INLINE_ECC_DATA_SHARE * self.mem_gb * 1024)
 
+    def require_fp8(self) -> None:
+        """ValueError, in the one wording every caller gives, when this GPU has no fp8 tensor cores."""
+        if self.fp8_tflops is None:
+            raise ValueError(f"{self.name} ({self.arch}) has no fp8 tensor cores: fp8 weights need an Ada, Hopper "
+                             "or Blackwell GPU (use bf16 here)")
+
     @property
     def data_bw(self) -> float:
         """DRAM bandwidth left for data, B/s: the peak, less the share inline ECC's check bits take on the same

@@ -130,9 +130,8 @@ class OpModel:
         self.gpu = get_gpu(gpu)
         if dtype not in PRECISIONS:
             raise ValueError(f"unknown precision {dtype!r}: one of {', '.join(PRECISIONS)}")
-        if dtype == "fp8" and self.gpu.fp8_tflops is None:
-            raise ValueError(f"{self.gpu.name} ({self.gpu.arch}) has no fp8 tensor cores: fp8 weights need an Ada, "
-                             f"Hopper or Blackwell GPU (use bf16 here)")
+        if dtype == "fp8":
+            self.gpu.require_fp8()
         self.c = constants or constants_for(self.gpu, dtype)
         self.dtype = dtype
         self.elt = 1 if dtype == "fp8" else 2  # bytes per GEMM input element (weights and activations)

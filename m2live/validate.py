@@ -144,11 +144,11 @@ class RowPredictor:
             c = (self.fp8_constants if dtype == "fp8" else self.constants).get(gpu.kernel_family)
             if self.calibration is not None:
                 self.calibration.check_gpu(gpu)
-                if dtype != "fp8" or gpu.fp8_tflops is not None:  # (no fp8 tensor cores: OpModel says so below)
-                    c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
             try:
+                if self.calibration is not None:
+                    c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
                 m = self._models[(name, dtype)] = OpModel(gpu, dtype=dtype, constants=c)
-            except ValueError as e:  # fp8 on a GPU without fp8 tensor cores
+            except ValueError as e:  # fp8 on a GPU without fp8 tensor cores (GpuSpec.require_fp8)
                 raise TableError(str(e)) from None
         return m
 
