@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from .efficiency import ENERGY_PER_FLOP, ArchConstants
 from .hardware import GpuSpec
 from .operators import OpModel, OpTime, branch, remember
-from .quantization import kv_cache_bytes
+from .quantization import kv_cache_bytes, kv_cache_dtype_of
 from .shapes import ModelShape, get_model
 from .step import Step
 
@@ -146,8 +146,8 @@ class Predictor:
         ``KV_CACHE_BYTES``) — the cache's capacity and the bytes attention streams and writes."""
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
-        kv_elt = kv_cache_bytes(kv_cache_dtype)
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
+        kv_elt = kv_cache_bytes(self.kv_cache_dtype)
         self.dtype = dtype
         self.act_scale = act_scale
         self.sampler = sampler

@@ -145,10 +145,15 @@ KV_CACHE_BYTES: dict[str, int | None] = {"auto": None, "bfloat16": 2, "bf16": 2,
                                          "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-def kv_cache_bytes(kv_cache_dtype: str | None) -> int | None:
-    """Bytes per KV-cache element of a vLLM ``kv_cache_dtype`` (None: "auto", the model's dtype); ValueError for a
-    value vLLM's CUDA backend does not take."""
-    key = str(kv_cache_dtype or "auto").strip().lower()
+def kv_cache_dtype_of(kv_cache_dtype: str | None) -> str:
+    """A vLLM ``kv_cache_dtype`` as ``KV_CACHE_BYTES`` spells it (None or blank: "auto"); ValueError for a value
+    vLLM's CUDA backend does not take."""
+    key = str(kv_cache_dtype or "auto").strip().lower() or "auto"
     if key not in KV_CACHE_BYTES:
         raise ValueError(f"kv cache dtype must be one of {', '.join(KV_CACHE_BYTES)}, got {kv_cache_dtype!r}")
-    return KV_CACHE_BYTES[key]
+    return key
+
+
+def kv_cache_bytes(kv_cache_dtype: str | None) -> int | None:
+    """Bytes per KV-cache element of a vLLM ``kv_cache_dtype`` (None: "auto", the model's dtype)."""
+    return KV_CACHE_BYTES[kv_cache_dtype_of(kv_cache_dtype)]

@@ -45,7 +45,7 @@ from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
-from ..quantization import kv_cache_bytes, precision_of, weights_for
+from ..quantization import kv_cache_dtype_of, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
@@ -142,21 +142,6 @@ def _is_cpu(name: str) -> bool:
     return str(name).strip().lower() in ("cpu", "cpu-device")
 
 
-def _check_kv_dtype(text: str) -> str:
-    try:
-        kv_cache_bytes(text)
-    except ValueError as e:
-        raise SimulationError(str(e)) from None
-    return str(text).strip().lower()
-
-
-def _check_precision(precision: str) -> str:
-    try:
-        return precision_of(precision)
-    except ValueError as e:
-        raise SimulationError(str(e)) from None
-
-
 def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants | None]:
     """The GPU from the catalog, or the CPU device measured on the model's own shapes at the threads a vLLM-CPU
     engine of ``tp`` ranks computes with (as the plugin measures it inside the engine)."""
@@ -209,7 +194,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         constants = load_for(calibration, gpu)
     d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
     graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
-    kv_cache_dtype = _check_kv_dtype(kv_cache_dtype)
+    kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
     key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion,
            kv_cache_dtype)
     pred = _PREDICTORS.get(key)
@@ -269,9 +254,8 @@ def print_result(r: ServingResult) -> None:
     c = Console(width=140)
     a, s, m = r.assumptions, r.steps, r.memory
     c.print(f"{a['model']} on [bold]{a['gpu']}[/bold]" + (f" ({a['device']})" if a.get("device") else "")
-            + f" x{a['tp']} {a['weights']['precision'] if 'weights' in a else a['precision']} — concurrency "
-            f"{a['concurrency']}, {a['num_prompts']} requests"
-            + (f" ({a['weights']['why']})" if "weights" in a and not a["weights"]["why"].startswith("--") else ""))
+            + f" x{a['tp']} {a['weights']['precision']} — concurrency {a['concurrency']}, {a['num_prompts']} requests"
+            + ("" if a["weights"]["why"].startswith("--") else f" ({a['weights']['why']})"))
     t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
     for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "duration s"):
         t.add_column(col, justify="right")
@@ -369,7 +353,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
     cell = row.get("precision")
-    precision = None if cell is None or not str(cell).strip() else _check_precision(str(cell))  # None: the model's
+    precision = None if cell is None or not str(cell).strip() else precision_of(cell)  # None: the model's
     if not _is_cpu(row["gpu"]):
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
@@ -380,7 +364,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
               parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
               _rate(row.get("request_rate"), "request_rate"),
-              _check_kv_dtype(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None)
+              kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None)
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 

@@ -18,7 +18,7 @@ from ..config import M2liveConfig
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor, has_power_model
-from ..quantization import WeightFormat, kv_cache_bytes
+from ..quantization import WeightFormat, kv_cache_bytes, kv_cache_dtype_of
 from ..shapes import ModelShape, get_model
 from ..telemetry import ClockSampler, ClockSource, choose_clock_source
 
@@ -163,13 +163,13 @@ def predicted_kv_cache(info: EngineInfo, engine: str) -> str:
     """The engine's KV-cache dtype as the predictor prices it: fp8 by its bytes (one per element; the fp8-KV
     attention kernels' own efficiencies were never measured, the start-up log says so), a value m2live does not
     know as the model's dtype, with a warning."""
-    kv = str(info.kv_cache_dtype or "auto").strip().lower()
     try:
-        n = kv_cache_bytes(kv)
+        kv = kv_cache_dtype_of(info.kv_cache_dtype)
     except ValueError:
-        log.warning("engine %s: KV cache dtype %r is not one m2live knows: priced as the model's dtype", engine, kv)
+        log.warning("engine %s: KV cache dtype %r is not one m2live knows: priced as the model's dtype", engine,
+                    info.kv_cache_dtype)
         return "auto"
-    if n == 1:
+    if kv_cache_bytes(kv) == 1:
         log.info("engine %s: fp8 KV cache (%s): attention priced at one byte per cached element, with the 16-bit "
                  "kernels' efficiencies (no fp8-KV kernel was measured)", engine, kv)
     return kv
