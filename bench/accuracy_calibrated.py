@@ -84,13 +84,9 @@ def run_gpu(folder: Path, budgets: tuple[int, ...] = BUDGETS, priors: tuple[str,
                     else:
                         fit_rows.append(hit)
             how: dict = {}
-            values = cal.fit_constants(gpu, [r for r in fit_rows if r.kind != "gemm_fp8"], prior, report=how)
-            # (prior, calibrated) per precision; fp8: the carried constants' fit on the fp8 rows, as calibrate.fit
-            consts = {"bf16": (prior, cal.replace(prior, **values))}
-            values8: dict[str, float] = {}
-            if prior_fp8:
-                carried = cal.carry_to_fp8(prior_fp8[pname], prior, values)
-                values8 = cal.fit_constants(gpu, [r for r in fit_rows if r.kind == "gemm_fp8"], carried, report=how)
+            values, carried, values8 = cal.fit_precisions(gpu, fit_rows, prior, prior_fp8.get(pname), report=how)
+            consts = {"bf16": (prior, cal.replace(prior, **values))}  # (prior, calibrated) per precision
+            if carried is not None:
                 consts["fp8"] = (prior_fp8[pname], cal.replace(carried, **values8))
             used = {id(r) for r in fit_rows}
             entry: dict = {"plan_rows": {k: nb[k] for k in kinds},

@@ -335,6 +335,20 @@ def _fit_group(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, names: l
 
 
 
+def fit_precisions(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants, prior_fp8: ArchConstants | None = None,
+                   report: dict | None = None) -> tuple[dict[str, float], ArchConstants | None, dict[str, float]]:
+    """The bf16 rows' fitted values over ``prior``; then, where there are gemm_fp8 rows, ``prior_fp8`` (default:
+    the family's fp8 constants) carrying what the bf16 fit says of the GPU (``carry_to_fp8``) and the fp8 rows'
+    values fitted over that. Returns (bf16 values, carried fp8 constants or None, fp8 values)."""
+    bf16_rows = [r for r in rows if DTYPE[r.kind] == "bf16"]
+    values = fit_constants(gpu, bf16_rows, prior, report=report) if bf16_rows else {}
+    fp8_rows = [r for r in rows if DTYPE[r.kind] == "fp8"]
+    if not fp8_rows:
+        return values, None, {}
+    carried = carry_to_fp8(prior_fp8 or constants_for(gpu, "fp8"), prior, values)
+    return values, carried, fit_constants(gpu, fp8_rows, carried, report=report)
+
+
 def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] | None = None,
         created: str | None = None) -> Calibration:
     """Calibrate ``gpu_name`` on the measured tables in ``directory`` (or on ``rows``): the bf16 kinds' constants
@@ -349,16 +363,9 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
     if not rows:
         raise CalibrationError("no measured rows to calibrate on")
     how: dict = {}
-    parts: dict[str, tuple[ArchConstants, dict[str, float]]] = {}  # precision -> (prior, fitted values)
     prior = constants_for(gpu)
-    bf16_rows = [r for r in rows if DTYPE[r.kind] == "bf16"]
-    values = fit_constants(gpu, bf16_rows, prior, report=how) if bf16_rows else {}
-    parts["bf16"] = (prior, values)
-    fp8_rows = [r for r in rows if DTYPE[r.kind] == "fp8"]
-    if fp8_rows:
-        gpu.require_fp8()
-        start = fp8_prior(gpu, values)
-        parts["fp8"] = (start, fit_constants(gpu, fp8_rows, start, report=how))
+    values, carried, values8 = fit_precisions(gpu, rows, prior, report=how)
+    parts = {"bf16": (prior, values), "fp8": (carried, values8)}  # precision -> (prior, fitted values)
     residual: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     for k in KINDS:
@@ -371,9 +378,9 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
                            "mape_fitted": round(_mape(predict_rows(gpu, replace(p, **vals), sub), meas), 3)}
     consts = {n: {"prior": float(getattr(prior, n)), "fitted": v} for n, v in values.items()}
     consts8: dict[str, dict[str, float]] = {}
-    if "fp8" in parts:
+    if carried is not None:
         family8 = constants_for(gpu, "fp8")
-        consts8 = {n: {"prior": float(getattr(family8, n)), "fitted": v} for n, v in parts["fp8"][1].items()}
+        consts8 = {n: {"prior": float(getattr(family8, n)), "fitted": v} for n, v in values8.items()}
     return Calibration(gpu.name, gpu.kernel_family, consts, counts, residual, __version__,
                        created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), fit=how,
                        constants_fp8=consts8)
@@ -397,9 +404,9 @@ __all__ = [  # every name m2live.calibrate offers (the bench, tests and commands
     "ALL_CALIBRATED", "BOUNDS", "BOUNDS_REL", "CALIBRATED", "CARRIED_TO_FP8", "CV_CONFIGS", "CV_FOLDS",
     "CV_MIN_ROWS", "DEFAULT_BUDGET", "DISCRETE", "DTYPE", "FEW_ROWS_CONFIG", "FILES", "FIT_GROUPS",
     "FP8_CALIBRATED", "GEMM_KINDS", "GRID_FILE", "KINDS", "LINEAR", "MIN_ROWS", "PRIMARY", "RESID_SCALE",
-    "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT", "TABLE_KIND", "ArchConstants", "Calibration",
-    "CalibrationError", "GpuSpec", "OpModel", "Params", "Row", "active", "carry_to_fp8", "constants_for",
-    "fit", "fit_constants", "fp8_prior", "get_gpu", "grid_rows", "load", "load_for", "medoids", "plan",
-    "predict_rows", "read_rows", "read_table", "regime", "replace", "row_kind", "rows_from_tables", "score",
-    "shape_features", "shape_key", "write_plan",
+    "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT", "TABLE_KIND", "ArchConstants",
+    "Calibration", "CalibrationError", "GpuSpec", "OpModel", "Params", "Row", "active", "carry_to_fp8",
+    "constants_for", "fit", "fit_constants", "fit_precisions", "fp8_prior", "get_gpu", "grid_rows", "load",
+    "load_for", "medoids", "plan", "predict_rows", "read_rows", "read_table", "regime", "replace", "row_kind",
+    "rows_from_tables", "score", "shape_features", "shape_key", "write_plan",
 ]
