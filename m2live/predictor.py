@@ -147,13 +147,12 @@ class Predictor:
         if act_scale not in ("static", "dynamic"):
             raise ValueError(f"act_scale must be 'static' or 'dynamic', got {act_scale!r}")
         self.kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
-        kv_elt = kv_cache_bytes(self.kv_cache_dtype)
         self.dtype = dtype
         self.act_scale = act_scale
         self.sampler = sampler
         self._sampling_s: dict[int, float] = {}  # sampler (+ vocab gather) seconds by sampled-sequence count
         base = get_model(model)
-        kv_elt = kv_elt or base.dtype_bytes
+        kv_elt = kv_cache_bytes(self.kv_cache_dtype) or base.dtype_bytes  # "auto": the model's dtype
         self.ops = OpModel(gpu, dtype="bf16" if dtype == "fp8" else dtype, constants=constants, kv_elt=kv_elt)
         self.gemm_ops = (OpModel(self.ops.gpu, dtype="fp8", constants=fp8_constants) if dtype == "fp8"
                          else self.ops)  # the four projections
