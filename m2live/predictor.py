@@ -53,7 +53,7 @@ class HostConstants:
     graph_max_tokens: int = 512  # steps with at most this many tokens replay captured CUDA graphs
     t_graph_piece: float = 7.5e-6  # replaying one piece of vLLM's piecewise CUDA graph (one per layer, +1) (s)
     # host work per sampled sequence (s): scheduler, input prep, sampler, the outputs' hand-off. vLLM V1's scheduler
-    # alone takes 8.7-10.3 us a running sequence per step on a 2.6 GHz Xeon (bench/scheduler_cost.py)
+    # alone takes 9.3-11.0 us a running sequence per step on a 2.6 GHz Xeon, prefix caching on (bench/scheduler_cost.py)
     alpha: float = 12e-6
     t_samp: float = 0.5e-3  # fixed per-step tail: scheduler, output processing (s)
     kernels_per_step: int = 4  # eager kernels outside the layers: embedding, final norm, LM head, sampler

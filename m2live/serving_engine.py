@@ -12,6 +12,11 @@ API server's defaults (``engine/arg_utils.py:get_batch_defaults``, ``config/sche
 - KV cache in blocks of 16 tokens, allocated as tokens are scheduled; when a running request cannot get its
   blocks the most recently admitted running request is preempted (recompute: its blocks are freed and it
   re-prefills prompt + generated tokens when re-admitted; its first token keeps its time);
+- prefix caching on (vLLM's default): a freed block keeps its contents until it is handed out again, and the free
+  blocks form one queue (``v1/core/block_pool.py``) — new blocks come from its head; a request's full blocks go to
+  its tail when it finishes or is preempted, last block first, and its partly filled block to its head. Random
+  prompts share nothing, so the one hit is a preempted request's own prefix: re-admitted, it recomputes only what
+  was handed out meanwhile (``get_computed_blocks``: whole blocks, at most all tokens but the last);
 - decode CUDA graphs up to the capture size ``min(2 x max_num_seqs, 512)`` (1024 on Blackwell), never above
   the token budget: steps with at most that many tokens replay graphs (the predictor's host terms);
 - async scheduling on GPUs (vLLM's default when ``async_scheduling`` is left unset — vllm/config/vllm.py of the
@@ -50,6 +55,7 @@ class EngineStats:
     steps: int = 0
     prefill_steps: int = 0
     preemptions: int = 0
+    prefix_hit_tokens: int = 0  # tokens a re-admitted preempted request found still in the prefix cache
     tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -69,7 +75,8 @@ class Engine:
                  concurrency: int, max_num_batched_tokens: int, max_num_seqs: int, kv_blocks: int,
                  block_size: int = BLOCK_SIZE, long_prefill_token_threshold: int = 0, frontend_s: float = 0.0,
                  frontend_service_s: float = 0.0, fast_forward: bool = True, async_scheduling: bool = False,
-                 first_cached: int = 0, tokenize_s_per_token: float = 0.0, send_at: np.ndarray | None = None):
+                 first_cached: int = 0, tokenize_s_per_token: float = 0.0, send_at: np.ndarray | None = None,
+                 prefix_caching: bool = True):
         self.timer = timer
         self.n = len(prompts)
         self.prompt = np.asarray(prompts, dtype=np.int64)
@@ -80,6 +87,10 @@ class Engine:
         self.bs = block_size
         self.total_blocks = kv_blocks
         self.free = kv_blocks
+        # the free-block queue as runs of blocks, head first: [owner, count]; owner -1 for blocks nobody will hit
+        # again, else the preempted request whose prefix they hold (its cached blocks, ``cached``, all in one run)
+        self.prefix_caching = prefix_caching
+        self.queue: deque[list[int]] = deque([[-1, kv_blocks]]) if kv_blocks > 0 else deque()
         self.thr = long_prefill_token_threshold
         self.d = frontend_s
         self.service = frontend_service_s
@@ -97,6 +108,7 @@ class Engine:
             self.computed[0] = min(int(first_cached), int(self.prompt[0]) - 1)
         self.outputs = np.zeros(n, dtype=np.int64)
         self.blocks = np.zeros(n, dtype=np.int64)
+        self.cached = np.zeros(n, dtype=np.int64)  # a preempted request's blocks still in the prefix cache
         self.t_send = np.full(n, np.nan)
         self.t_first = np.full(n, np.nan)
         self.t_fin = np.full(n, np.nan)
@@ -136,16 +148,71 @@ class Engine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.bs)
 
+    # the free-block queue (prefix caching)
+    def _alloc(self, n: int) -> None:
+        """Hand out ``n`` free blocks from the queue's head (BlockPool.get_new_blocks): a preempted request whose
+        blocks they were loses them from its cached prefix (last blocks first, as they were queued)."""
+        if n <= 0:
+            return
+        self.free -= n
+        q = self.queue
+        while n > 0:
+            seg = q[0]
+            take = min(n, seg[1])
+            seg[1] -= take
+            n -= take
+            if seg[0] >= 0:
+                self.cached[seg[0]] -= take
+            if seg[1] == 0:
+                q.popleft()
+
+    def _release(self, i: int, owner: int) -> None:
+        """Request ``i``'s blocks back to the queue (BlockPool.free_blocks): its full blocks, hashed, to the tail
+        (``owner``: the request that may hit them again, or -1), its partly filled one to the head."""
+        b = int(self.blocks[i])
+        self.free += b
+        self.blocks[i] = 0
+        if not self.prefix_caching:
+            owner = -1
+        full = min(b, int(self.computed[i]) // self.bs)
+        if b - full:
+            self.queue.appendleft([-1, b - full])
+        if full:
+            if owner < 0 and self.queue and self.queue[-1][0] < 0:
+                self.queue[-1][1] += full
+            else:
+                self.queue.append([owner, full])
+            if owner >= 0:
+                self.cached[owner] = full
+
+    def _hit(self, i: int) -> int:
+        """Re-admitting request ``i``: the blocks of its prefix still cached (at most all its tokens but the last,
+        in whole blocks) leave the queue (BlockPool.touch); the tokens they hold count as computed."""
+        c = int(self.cached[i])
+        if c <= 0:
+            return 0
+        hits = min(c, (int(self.prompt[i] + self.outputs[i]) - 1) // self.bs)
+        for seg in self.queue:
+            if seg[0] == i:
+                seg[0] = -1  # blocks beyond the hit stay free, and nobody's
+                seg[1] -= hits
+                break
+        self.queue = deque(seg for seg in self.queue if seg[1] > 0)
+        self.cached[i] = 0
+        self.free -= hits
+        self.blocks[i] = hits
+        self.computed[i] = hits * self.bs
+        self.st.prefix_hit_tokens += hits * self.bs
+        return hits
+
     def _finish(self, i: int, t: float) -> None:
         self.t_fin[i] = t
-        self.free += int(self.blocks[i])
-        self.blocks[i] = 0
+        self._release(i, -1)
         self.done += 1
         self._send(t + self.d)
 
     def _preempt(self, i: int) -> None:
-        self.free += int(self.blocks[i])
-        self.blocks[i] = 0
+        self._release(i, i)
         self.computed[i] = 0
         self.waiting.appendleft(i)
         self.st.preemptions += 1
@@ -172,7 +239,7 @@ class Engine:
             total = int(want.sum())
             if total <= self.free:
                 m = k > 0
-                self.free -= total
+                self._alloc(total)
                 self.blocks[ra] += want
                 ids = ra[m].tolist()
                 toks = k[m].tolist()
@@ -183,17 +250,20 @@ class Engine:
             while budget > 0 and self.waiting and len(self.running) < self.max_seqs:
                 i = self.waiting[0]
                 full = int(self.prompt[i] + self.outputs[i])  # prompt (+ tokens generated before a preemption)
+                # scheduler_reserve_full_isl: the whole prompt must fit (a cached prefix's blocks are free blocks
+                # until it is hit, so they count on both sides)
+                if self._blocks_for(full) > self.free:
+                    self.st.kv_blocked_steps += 1
+                    break
+                self.waiting.popleft()
+                self._hit(i)
                 k1 = min(full - int(self.computed[i]), budget)
                 if 0 < thr < k1:
                     k1 = thr
-                if self._blocks_for(full) > self.free:  # scheduler_reserve_full_isl: the whole prompt must fit
-                    self.st.kv_blocked_steps += 1
-                    break
-                want1 = self._blocks_for(int(self.computed[i]) + k1)
-                self.waiting.popleft()
+                want1 = self._blocks_for(int(self.computed[i]) + k1) - int(self.blocks[i])
                 self.running.append(i)
-                self.free -= want1
-                self.blocks[i] = want1
+                self._alloc(want1)
+                self.blocks[i] += want1
                 ids.append(i)
                 toks.append(k1)
                 budget -= k1
@@ -203,26 +273,32 @@ class Engine:
 
     def _schedule_running_with_preemption(self, ra: np.ndarray, k: np.ndarray, want: np.ndarray,
                                           budget: int, ids: list[int], toks: list[int]) -> tuple[int, bool]:
-        """vLLM's running loop when the blocks run out: a request that cannot get its blocks preempts the most
-        recently admitted running request (itself last), until it fits. In closed form: the running requests
-        before the first ``i`` whose blocks do not fit even with every request after it preempted are
-        scheduled; ``i`` and everything after it are preempted (recompute), in order, to the front of the
-        queue."""
-        held = self.blocks[ra]
-        cum = np.cumsum(want)
-        tail = np.concatenate([np.cumsum(held[::-1])[::-1], [0]])  # blocks held by ra[p:], p = 0..n
-        fits = cum <= self.free + tail[1:]
-        p = len(ra) if fits.all() else int(np.argmin(fits))
-        keep, victims = ra[:p], ra[p:].tolist()
-        self.free -= int(want[:p].sum())  # the victims' blocks come back in _preempt
-        self.blocks[keep] += want[:p]
-        m = k[:p] > 0
-        ids.extend(keep[m].tolist())
-        toks.extend(k[:p][m].tolist())
-        del self.running[p:]
-        for i in reversed(victims):  # the newest first, as vLLM pops them; each goes to the queue's front
-            self._preempt(i)
-        return budget - int(k[:p].sum()), bool(victims)
+        """vLLM's running loop when the blocks run out: each running request in order takes its blocks; one that
+        cannot preempts the most recently admitted running request (itself last) until it fits — each victim to
+        the waiting queue's front, its blocks to the free-block queue before the next allocation."""
+        end = len(ra)
+        q = 0
+        preempted = False
+        while q < end:
+            w = int(want[q])
+            while w > self.free and end - 1 > q:
+                end -= 1
+                self._preempt(int(ra[end]))
+                preempted = True
+            if w > self.free:  # not even with every later request preempted: this one goes too
+                end = q
+                self._preempt(int(ra[q]))
+                preempted = True
+                break
+            self._alloc(w)
+            self.blocks[ra[q]] += w
+            if k[q] > 0:
+                ids.append(int(ra[q]))
+                toks.append(int(k[q]))
+                budget -= int(k[q])
+            q += 1
+        del self.running[end:]
+        return budget, preempted
 
     def _shape(self, ids: np.ndarray, toks: np.ndarray) -> tuple[tuple[tuple[int, int], ...], int, int]:
         comp = self.computed[ids]
@@ -351,7 +427,7 @@ class Engine:
         self.computed[ra] += k
         self.outputs[ra] += k
         newb = (self.computed[ra] + self.bs - 1) // self.bs
-        self.free -= int(newb.sum()) - held
+        self._alloc(int(newb.sum()) - held)
         self.blocks[ra] = newb
         fin = [int(i) for i in ra[self.out_len[ra] - self.outputs[ra] <= 0]]
         for i in fin:

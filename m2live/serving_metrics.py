@@ -74,6 +74,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         "prefill_step_time_share": st.prefill_time_s / st.time_s if st.time_s > 0 else 0.0,
         "mean_step_ms": 1e3 * st.time_s / max(1, st.steps),
         "max_running": st.max_running, "preemptions": st.preemptions,
+        "preempted_tokens_found_cached": st.prefix_hit_tokens,
         "steps_with_requests_waiting": st.waiting_steps, "kv_blocked_admissions": st.kv_blocked_steps,
         "predictions": timer.predictions,
     }
@@ -91,7 +92,9 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "block_size": bs, "kv_cache_tokens": kv_tokens,
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
-            "async_scheduling": async_sched, "preemption": "recompute",
+            "async_scheduling": async_sched,
+            # recompute, less what a re-admitted request finds of its own prefix in the prefix cache (on by default)
+            "preemption": "recompute (prefix cache)",
             # vLLM's all-reduce + RMSNorm fusion: the largest step (tokens) that runs it, 0 where it does not
             "allreduce_rms_fusion_max_tokens": timer.pred.fusion_max_tokens,
             # prefix-cache hits: none between the benchmark's random prompts; the first request's own prompt when

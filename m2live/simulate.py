@@ -5,8 +5,9 @@ What is simulated is what ``vllm.benchmarks.serve`` measures against an OpenAI s
 finished request replaced by the next at once) — or, with ``ServingConfig.request_rate``, its open loop (requests
 sent on its Poisson schedule, at most C in flight) —, ``num_prompts`` requests in all (default 10 x C, the
 convention of public serving sweeps), each with a fixed or listed prompt and output length (ignore-EOS), no
-no prefix-cache hits (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or warm-ups
-send the first request's prompt before the timed run, and that request finds its prompt's full KV blocks cached).
+prefix shared between requests (with ``ServingConfig.test_run_cached``, one: the benchmark's untimed test run or
+warm-ups send the first request's prompt before the timed run, and that request finds its prompt's full KV blocks
+cached); a preempted request finds what is left of its own prefix in the prefix cache.
 The benchmark's metrics are means over all requests, cold start included:
 
 - TTFT = first token seen by the client - request sent;
@@ -15,7 +16,7 @@ The benchmark's metrics are means over all requests, cold start included:
 
 The engine is vLLM V1's ``Scheduler.schedule()`` (vllm 0.32/0.33) with the API server's defaults: chunked
 prefill, one token budget per step, KV cache in blocks allocated as tokens are scheduled, preemption by
-recompute, decode CUDA graphs, async scheduling on GPUs — the rules in full are ``serving_engine``'s docstring.
+recompute (less the prefix still cached), decode CUDA graphs, async scheduling on GPUs — the rules in full are ``serving_engine``'s docstring.
 
 Every step is timed by ``Predictor`` (forecast clock by default); a request needs ``frontend_s`` between client
 and engine each way (HTTP, output streaming) and ``frontend_service_s`` + ``tokenize_s_per_token`` x its prompt

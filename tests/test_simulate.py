@@ -21,9 +21,10 @@ L70 = "meta-llama/Llama-3.1-70B"
 
 
 def engine_steps(prompts: list[int], outputs: list[int], concurrency: int, budget: int, max_seqs: int,
-                 blocks: int, block_size: int = 16) -> tuple[list[tuple[dict[int, int], set[int]]], Engine]:
+                 blocks: int, block_size: int = 16, prefix_caching: bool = True
+                 ) -> tuple[list[tuple[dict[int, int], set[int]]], Engine]:
     eng = Engine(lambda pre, n, ctx: 1.0, np.array(prompts), np.array(outputs), concurrency, budget, max_seqs,
-                 blocks, block_size)
+                 blocks, block_size, prefix_caching=prefix_caching)
     eng.trace = []
     eng.run()
     return [({i: k for i, k in rec["sched"]}, set()) for rec in eng.trace], eng
@@ -83,21 +84,28 @@ def test_scheduler_matches_vllm_on_random_cases(vllm_available):
         assert [g for g, _ in got] == [w for w, _ in want], (prompts, outputs, c, budget, seqs, blocks)
 
 
-def test_preemption_matches_vllm_on_random_tight_caches(vllm_available):
+@pytest.mark.parametrize("caching", [True, False])
+def test_preemption_matches_vllm_on_random_tight_caches(vllm_available, caching):
+    """With prefix caching (vLLM's default) a re-admitted preempted request recomputes only the blocks handed out
+    while it waited; without, all of it — both step for step as vLLM's scheduler and block pool do."""
     rng = random.Random(5)
     preempting = 0
+    hits = 0
     for _ in range(16):
         n = rng.randint(3, 9)
         prompts = [rng.randint(1, 120) for _ in range(n)]
         outputs = [rng.randint(20, 80) for _ in range(n)]
         c, budget, seqs = rng.randint(2, n), rng.choice([32, 64, 256]), rng.randint(2, 6)
         blocks = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True)) + rng.randint(0, 5)
-        want = VllmLoop(prompts, outputs, c, budget, seqs, blocks).run()
-        got, eng = engine_steps(prompts, outputs, c, budget, seqs, blocks)
+        want = VllmLoop(prompts, outputs, c, budget, seqs, blocks, prefix_caching=caching).run()
+        got, eng = engine_steps(prompts, outputs, c, budget, seqs, blocks, prefix_caching=caching)
         assert [g for g, _ in got] == [w for w, _ in want], (prompts, outputs, c, budget, seqs, blocks)
         assert eng.st.preemptions == sum(len(p) for _, p in want)
+        assert eng.free == sum(n for _, n in eng.queue)  # the free-block queue holds every free block
         preempting += eng.st.preemptions > 0
+        hits += eng.st.prefix_hit_tokens > 0
     assert preempting >= 10  # the cases do exercise preemption
+    assert (hits >= 10) if caching else hits == 0  # ... and re-admissions that find their prefix (15 of 16)
 
 
 @pytest.mark.parametrize("prompt,block", [(512, 128), (513, 128), (100, 16), (16, 16), (17, 16), (5, 16)])

@@ -12,7 +12,7 @@ TINY = os.path.join(os.path.dirname(__file__), "..", "m2live", "data", "models",
 
 class VllmLoop:
     def __init__(self, prompts: list[int], outputs: list[int], concurrency: int, budget: int, max_seqs: int,
-                 blocks: int, block_size: int = 16, test_run: bool = False):
+                 blocks: int, block_size: int = 16, test_run: bool = False, prefix_caching: bool = True):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -23,8 +23,10 @@ class VllmLoop:
         mc = ModelConfig(model=TINY, skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16")
         sc = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=4096,
                              is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=False)
-        # prefix caching only with the benchmark's test run (the one prompt that repeats)
-        cc = CacheConfig(block_size=block_size, enable_prefix_caching=test_run)
+        # prefix caching as vLLM runs by default (the random prompts share nothing: a preempted request's own
+        # prefix and the benchmark's test run are the hits)
+        caching = prefix_caching or test_run
+        cc = CacheConfig(block_size=block_size, enable_prefix_caching=caching)
         cc.num_gpu_blocks = blocks + 1  # + vLLM's null block
         vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
@@ -33,7 +35,7 @@ class VllmLoop:
         self.s = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
                            block_size=block_size, log_stats=False)
         self.hasher = None
-        if test_run:  # what EngineCore gives every request when prefix caching is on
+        if caching:  # what EngineCore gives every request when prefix caching is on
             from vllm.utils.hashing import get_hash_fn_by_name
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 

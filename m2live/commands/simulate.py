@@ -270,7 +270,9 @@ def print_result(r: ServingResult) -> None:
     c.print(f"steps {s['steps']:,} ({s['prefill_steps']:,} with prefill, {s['prefill_step_time_share']:.0%} of the "
             f"time); {s['mean_tokens_per_step']:.1f} tokens and {s['mean_decodes_per_step']:.1f} decodes per step; "
             f"mean step {s['mean_step_ms']:.2f} ms; at most {s['max_running']} running; "
-            f"{s['preemptions']} preemptions")
+            f"{s['preemptions']} preemptions"
+            + (f" ({s['preempted_tokens_found_cached']:,} tokens of theirs found in the prefix cache)"
+               if s['preemptions'] else ""))
     for kind, b in s.get("bounds", {}).items():
         c.print(f"  largest {kind} step ({b.get('prefill_tokens', 0)} prefill + {b['decodes']} decodes): "
                 f"{b['bound']}-bound ({', '.join(f'{k} {v:.0%}' for k, v in b['shares'].items() if v >= 0.01)})")
@@ -283,8 +285,8 @@ def print_result(r: ServingResult) -> None:
                if a['allreduce_rms_fusion_max_tokens'] else "")
             + f"clock {a['clock']}, frontend "
             f"{a['frontend_ms_each_way']:g} ms each way, API server {a['frontend_service_ms_per_request']:g} ms per "
-            f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix-cache hits: "
-            f"{a['prefix_caching_hits'] or 'none'}"
+            f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix caching on (prompts "
+            f"shared: {a['prefix_caching_hits'] or 'none'})"
             + (f", calibration {a['calibration']}" if a.get("calibration") else "")
             + (f", KV cache {a['kv_cache_dtype']}" if a.get("kv_cache_dtype", "auto") != "auto" else ""))
 
