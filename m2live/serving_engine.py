@@ -176,7 +176,10 @@ class Engine:
             owner = -1
         full = min(b, int(self.computed[i]) // self.bs)
         if b - full:
-            self.queue.appendleft([-1, b - full])
+            if self.queue and self.queue[0][0] < 0:
+                self.queue[0][1] += b - full
+            else:
+                self.queue.appendleft([-1, b - full])
         if full:
             if owner < 0 and self.queue and self.queue[-1][0] < 0:
                 self.queue[-1][1] += full
