@@ -143,3 +143,16 @@ def test_fp8_carry_sentence_is_accuracy_json():
              for g in ("NVIDIA H100 80GB HBM3", "NVIDIA B300 SXM6 AC")]
     text = " / ".join(f"{c['mape_prior']:.2f} → {c['mape_carried']:.2f} %" for c in cells)
     assert f"other family's constants: {text} with no fp8 row measured" in (REPO / "README.md").read_text()
+
+
+def test_docs_sibling_calibration_table_is_its_json():
+    """docs/calibration.md's table of the calibrated mode against a sibling's datasheet quotes
+    results/calibration_sibling.json (bench/calibration_sibling.py)."""
+    doc = (REPO / "docs" / "calibration.md").read_text()
+    short = {"h100_sxm": "H100", "b300_sxm": "B300"}
+    for p in _json("calibration_sibling.json")["pairs"]:
+        row = next(line for line in doc.splitlines()
+                   if line.startswith(f"| {short[p['rows_of']]} → {p['presented_as'].removeprefix('NVIDIA ')} |"))
+        for kind in ("gemm", "prefill_attention", "decode_attention"):
+            assert f"{p['core_mape_prior'][kind]:.2f} → " in row, (kind, row)
+            assert f"{p['core_mape_calibrated'][kind]:.2f} %" in row, (kind, row)
