@@ -156,3 +156,15 @@ def test_docs_sibling_calibration_table_is_its_json():
         for kind in ("gemm", "prefill_attention", "decode_attention"):
             assert f"{p['core_mape_prior'][kind]:.2f} → " in row, (kind, row)
             assert f"{p['core_mape_calibrated'][kind]:.2f} %" in row, (kind, row)
+
+
+def test_readme_sibling_calibration_row_is_its_json():
+    pairs = {p["rows_of"]: p for p in _json("calibration_sibling.json")["pairs"]}
+    row = _status_row("calibrated against a sibling's datasheet")
+    h, b = pairs["h100_sxm"], pairs["b300_sxm"]
+    assert (f"H100 rows as H200: GEMM {h['core_mape_prior']['gemm']:.2f} → {h['core_mape_calibrated']['gemm']:.2f} %, "
+            f"prefill {h['core_mape_calibrated']['prefill_attention']:.2f} %, "
+            f"decode {h['core_mape_calibrated']['decode_attention']:.2f} %") in row
+    assert (f"B300 rows as B200: GEMM {b['core_mape_calibrated']['gemm']:.2f} %") in row
+    assert (f"prefill {b['core_mape_calibrated']['prefill_attention']:.2f} %, "
+            f"decode {b['core_mape_calibrated']['decode_attention']:.2f} %") in row
