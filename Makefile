@@ -59,11 +59,12 @@ bench-serving: venv
 	$(BIN)/python bench/serving.py --out results/serving.json
 
 # host costs the simulator prices or reports: tokenisation (~20 s), the API server's CPU per request and per
-# streamed token (~3 min), vLLM's scheduler per sequence (seconds)
+# streamed token (~3 min), vLLM's scheduler per sequence (seconds), the engine core's whole step (~1 min)
 bench-host: venv
 	$(BIN)/python bench/tokenize_cost.py --out results/tokenize_cost.json
 	$(BIN)/python bench/api_server_cost.py --out results/api_server_cost.json
 	$(BIN)/python bench/scheduler_cost.py --out results/scheduler_cost.json
+	$(BIN)/python bench/runner_cost.py --out results/runner_cost.json
 
 # m2live simulate vs vLLM serving runs others published on GPUs (a sanity check, never fitted; seconds)
 bench-public: venv
