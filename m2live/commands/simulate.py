@@ -7,7 +7,8 @@
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
-``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix-cache hits; means over all requests.
+``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix shared between prompts (prefix caching on:
+a preempted request finds what is left of its own); means over all requests.
 With ``--request-rate R`` the benchmark's open loop instead: requests sent on its Poisson schedule, at most C in
 flight.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
