@@ -71,7 +71,7 @@ class Calibration:
         """``Predictor``'s keyword arguments for this calibration: ``constants`` (bf16) and, on a GPU with fp8
         tensor cores, ``fp8_constants`` (the four projections of an fp8 model)."""
         out = {"constants": self.arch_constants()}
-        if get_gpu(self.gpu).fp8_tflops is not None:
+        if get_gpu(self.gpu).has_fp8:
             out["fp8_constants"] = self.arch_constants("fp8")
         return out
 
@@ -116,7 +116,7 @@ class Calibration:
                 raise CalibrationError(f"{where}: {key!r} must be an object of name -> {{prior, fitted}}")
         if not (consts or consts8):
             raise CalibrationError(f"{where}: no constants")
-        if consts8 and gpu.fp8_tflops is None:
+        if consts8 and not gpu.has_fp8:
             raise CalibrationError(f"{where}: fp8 constants for {gpu.name}, which has no fp8 tensor cores")
         clean = _checked_constants(consts, ALL_CALIBRATED, where, "constant")
         clean8 = _checked_constants(consts8, FP8_CALIBRATED, where, "fp8 constant")
@@ -204,7 +204,7 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec) -> list[Row]:
                 if other != gpu.name:
                     raise CalibrationError(f"{p}:{i}: a row of {dev}, not {gpu.name}: calibrate one GPU per folder")
             k = row_kind(kind, t.dtype)
-            if k == "gemm_fp8" and gpu.fp8_tflops is None:
+            if k == "gemm_fp8" and not gpu.has_fp8:
                 raise CalibrationError(f"{p}: fp8 GEMMs, but {gpu.name} has no fp8 tensor cores")
             try:
                 cells = {c: str(int(float(row[c]))) for c in SHAPE_COLS[k]}

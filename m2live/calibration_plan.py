@@ -98,6 +98,13 @@ def regime(om: OpModel, kind: str, row: dict[str, str]) -> str:
     return t.bound
 
 
+def kinds_for(gpu_name: str) -> list[str]:
+    """The kinds a calibration of ``gpu_name`` plans and measures: every one, less the fp8 GEMMs on a GPU without
+    fp8 tensor cores."""
+    gpu = get_gpu(gpu_name)
+    return [k for k in KINDS if DTYPE[k] != "fp8" or gpu.has_fp8]
+
+
 def plan(gpu_name: str, kind: str, budget: int | None = None) -> list[dict[str, str]]:
     """At most ``budget`` shapes of the standard grid (accuracy region, shapes every opbench GPU was measured on)
     to measure on ``gpu_name``: the medoids of as many clusters (``medoids``). Deterministic."""

@@ -96,11 +96,20 @@ class GpuSpec:
         return (self.memory.startswith("GDDR") and self.mem_total_mib is not None
                 and self.mem_total_mib <= INLINE_ECC_DATA_SHARE * self.mem_gb * 1024)
 
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the tensor cores run fp8 (Ada, Hopper, Blackwell)."""
+        return self.fp8_tflops is not None
+
+    def no_fp8_reason(self) -> str:
+        """Why fp8 weights cannot run here, in the one wording every caller gives."""
+        return (f"{self.name} ({self.arch}) has no fp8 tensor cores: fp8 weights need an Ada, Hopper or Blackwell "
+                "GPU (use bf16 here)")
+
     def require_fp8(self) -> None:
-        """ValueError, in the one wording every caller gives, when this GPU has no fp8 tensor cores."""
-        if self.fp8_tflops is None:
-            raise ValueError(f"{self.name} ({self.arch}) has no fp8 tensor cores: fp8 weights need an Ada, Hopper "
-                             "or Blackwell GPU (use bf16 here)")
+        """ValueError (``no_fp8_reason``) when this GPU has no fp8 tensor cores."""
+        if not self.has_fp8:
+            raise ValueError(self.no_fp8_reason())
 
     @property
     def data_bw(self) -> float:

@@ -52,7 +52,7 @@ def plan_all(gpu_name: str, out: str, budget: int | None) -> list[tuple[str, int
     """Every kind's plan for ``gpu_name`` into the folder ``out`` under the opbench file names: (kind, shapes,
     file) each; refuses before writing anything if a file is already there."""
     gpu = cal.get_gpu(gpu_name)
-    kinds = [k for k in cal.KINDS if cal.DTYPE[k] != "fp8" or gpu.fp8_tflops is not None]
+    kinds = cal.kinds_for(gpu.name)
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise cal.CalibrationError(f"{out}: not a folder (--kind all writes one file per kind into -o DIR)")

@@ -141,7 +141,7 @@ def predicted_weights(info: EngineInfo, gpu: GpuSpec, engine: str) -> WeightForm
     """The weights' format the predictor prices: the engine's, unless fp8 on a device without fp8 tensor cores
     (the CPU device measures the engine's own kernels as they run, on bf16 shapes) — then bf16, said once."""
     w = info.weights
-    if w.precision == "fp8" and gpu.fp8_tflops is None:
+    if w.precision == "fp8" and not gpu.has_fp8:
         log.warning("engine %s: %s, but %s has no fp8 tensor cores: its linear layers are priced as bf16",
                     engine, w.why, gpu.name)
         return WeightFormat("bf16", "static", f"{w.why}; priced as bf16 on {gpu.name}")

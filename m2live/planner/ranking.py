@@ -211,8 +211,8 @@ def fleet(res: LayoutResult, wl: Workload, stats: WorkloadStats) -> dict:
 def _layout_model(gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats,
                   cfg: PlanConfig) -> tuple[LayoutModel | None, LayoutResult | None]:
     """The layout's model, or the result that refuses the layout before any step is predicted."""
-    if cfg.precision == "fp8" and gpu.fp8_tflops is None:
-        why = f"{gpu.name} has no fp8 tensor cores (fp8 weights need Ada, Hopper or Blackwell)"
+    if cfg.precision == "fp8" and not gpu.has_fp8:
+        why = gpu.no_fp8_reason()
         return None, LayoutResult(gpu.name, tp, MemoryFit.refused(gpu, why), fits=False, reason=why)
     try:
         lm = LayoutModel(gpu, model, tp, stats, cfg)

@@ -116,7 +116,7 @@ def _fp8_linear(torch: Any, spec: GpuSpec, dry_run: bool) -> tuple[Any, str]:
     """(vLLM's custom ops for its fp8 linear layer, what it is) — None with the reason where it cannot run."""
     if dry_run:
         return None, "bf16 F.linear stand-in (dry run)"
-    if spec.fp8_tflops is None:
+    if not spec.has_fp8:
         return None, f"fp8 GEMMs skipped: {spec.name} has no fp8 tensor cores"
     try:
         from vllm import _custom_ops as ops
@@ -386,9 +386,7 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler, fp8)
     try:
         kinds = []
-        for kind in cal.KINDS:
-            if cal.DTYPE[kind] == "fp8" and spec.fp8_tflops is None:
-                continue  # no fp8 plan for a GPU without fp8 tensor cores (the summary's fp8_gemm says so)
+        for kind in cal.kinds_for(spec.name):  # (no fp8 plan without fp8 tensor cores: summary's fp8_gemm says so)
             if not measure.can_measure(kind):
                 say(f"{kind}: skipped ({measure.skipped_why(kind)})")
                 continue
