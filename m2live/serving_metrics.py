@@ -87,7 +87,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "engine": "vLLM V1 Scheduler (0.32/0.33), OpenAI API server defaults",
             "model": timer.pred.model.name,  # the shapes simulated (a checkpoint id resolves to its preset's)
             "gpu": spec.name, **({"device": spec.source} if spec.arch == "cpu" else {}), "tp": tp,
-            "precision": precision, "concurrency": cfg.concurrency,
+            "precision": precision, "kv_cache_dtype": timer.pred.kv_cache_dtype, "concurrency": cfg.concurrency,
             "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,
             "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "block_size": bs, "kv_cache_tokens": kv_tokens,

@@ -218,7 +218,6 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["calibration"] = str(calibration) if calibration else None  # None: the family's constants
-    r.assumptions["kv_cache_dtype"] = kv_cache_dtype
     return r
 
 
