@@ -23,10 +23,12 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from m2live.calibration_params import FILES, SHAPE_COLS  # noqa: E402
+
 OPBENCH = REPO.parent / "shared" / "data" / "opbench"
 PAIRS = (("h100_sxm", "NVIDIA H200"), ("b300_sxm", "NVIDIA B200"))  # (rows of, presented as)
-FILES = {"gemm": "gemm_bf16.csv", "prefill": "prefill_attention_bf16.csv", "decode": "decode_attention_bf16.csv"}
-SHAPE = ("m", "n", "k", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step")
+KINDS = ("gemm", "prefill", "decode")  # the bf16 tables of opbench
 
 
 def m2live(*args: str) -> str:
@@ -57,12 +59,13 @@ def run_pair(folder: str, sibling: str, tmp: Path) -> dict:
     table, plan_dir, meas = tmp / "all", tmp / "plan", tmp / "measured"
     for d in (table, plan_dir, meas):
         d.mkdir(parents=True)
-    for kind, name in FILES.items():
+    for kind in KINDS:
+        name = FILES[kind]
         rows = relabel(OPBENCH / folder / name, table / name, sibling)
         m2live("calibrate", "plan", "--gpu", sibling, "--kind", kind, "-o", str(plan_dir / name))
         with open(plan_dir / name, newline="") as f:
             plan = list(csv.DictReader(f))
-        cols = [c for c in SHAPE if c in plan[0]]
+        cols = SHAPE_COLS[kind]
         by_shape = {tuple(r[c] for c in cols): r for r in rows}
         picked = [by_shape[k] for k in (tuple(p[c] for c in cols) for p in plan) if k in by_shape]
         with open(meas / name, "w", newline="") as f:
