@@ -16,7 +16,8 @@ The benchmark's metrics are means over all requests, cold start included:
 
 The engine is vLLM V1's ``Scheduler.schedule()`` (vllm 0.32/0.33) with the API server's defaults: chunked
 prefill, one token budget per step, KV cache in blocks allocated as tokens are scheduled, preemption by
-recompute (less the prefix still cached), decode CUDA graphs, async scheduling on GPUs — the rules in full are ``serving_engine``'s docstring.
+recompute (less the prefix still cached), decode CUDA graphs, async scheduling on GPUs — the rules in full are
+``serving_engine``'s docstring.
 
 Every step is timed by ``Predictor`` (forecast clock by default); a request needs ``frontend_s`` between client
 and engine each way (HTTP, output streaming) and ``frontend_service_s`` + ``tokenize_s_per_token`` x its prompt

@@ -308,7 +308,8 @@ class Ranking:
             "slo_ms": None if c.slo_s is None else c.slo_s * 1e3,
             "rank_by": self.rank_by,
             "assumptions": {
-                "clock": c.clock, "precision": c.precision, "act_scale": c.act_scale, "kv_cache_dtype": c.kv_cache_dtype,
+                "clock": c.clock, "precision": c.precision, "act_scale": c.act_scale,
+                "kv_cache_dtype": c.kv_cache_dtype,
                 "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
                 "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": c.reserve_bytes / GIB,
                 "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
