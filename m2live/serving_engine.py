@@ -189,18 +189,13 @@ class Engine:
                 self.cached[owner] = full
 
     def _hit(self, i: int) -> int:
-        """Re-admitting request ``i``: the blocks of its prefix still cached (at most all its tokens but the last,
-        in whole blocks) leave the queue (BlockPool.touch); the tokens they hold count as computed."""
-        c = int(self.cached[i])
-        if c <= 0:
+        """Re-admitting request ``i``: the blocks of its prefix still cached leave the queue (BlockPool.touch); the
+        tokens they hold count as computed. (They are whole blocks of computed tokens, so never more than vLLM's
+        longest hit, all the request's tokens but the last.)"""
+        hits = int(self.cached[i])
+        if hits <= 0:
             return 0
-        hits = min(c, (int(self.prompt[i] + self.outputs[i]) - 1) // self.bs)
-        for seg in self.queue:
-            if seg[0] == i:
-                seg[0] = -1  # blocks beyond the hit stay free, and nobody's
-                seg[1] -= hits
-                break
-        self.queue = deque(seg for seg in self.queue if seg[1] > 0)
+        self.queue = deque(seg for seg in self.queue if seg[0] != i)
         self.cached[i] = 0
         self.free -= hits
         self.blocks[i] = hits
