@@ -17,6 +17,10 @@ from .hardware import GpuSpec
 from .shapes import ModelShape
 
 GIB = 1024**3
+# vLLM's default --gpu-memory-utilization: 0.92 since CUDA-graph memory entered its start-up profile (on by default
+# since v0.21; config/cache.py of 0.32, and a vLLM 0.31 start-up log: "Desired GPU memory utilization is (0.92,
+# 72.91 GiB)"); 0.9 before. Until 2026-12-06 m2live took 0.9.
+GPU_MEMORY_UTILIZATION = 0.92
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
@@ -108,8 +112,8 @@ class ServingConfig:
     max_num_seqs: int | None = None  # None: vLLM's API-server default for the device
     block_size: int | None = None  # None: 16 on GPUs, 128 on the CPU backend
     long_prefill_token_threshold: int = 0  # vLLM default: no cap on one request's chunk
-    gpu_memory_utilization: float = 0.9  # vLLM default
-    reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, graphs (as the planner)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # vLLM's default
+    reserve_bytes: float | None = None  # None: non-torch memory and CUDA graphs (planner.memory.engine_reserve_bytes)
     async_scheduling: bool | None = None  # None: on for GPUs, off for the CPU backend (vLLM's defaults)
     # vLLM's all-reduce + RMSNorm fusion under TP (predictor.allreduce_fusion_max_bytes): None its default since
     # 0.16 (Hopper and Blackwell data-centre GPUs over NVLink), False a server without it (older vLLM)
@@ -172,8 +176,7 @@ def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int,
     from .workload import WorkloadStats
 
     pc = PlanConfig(max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
-                    reserve_fraction=1.0 - cfg.gpu_memory_utilization if cfg.gpu_memory_utilization < 1 else 0.0,
-                    reserve_bytes=cfg.reserve_bytes)
+                    reserve_fraction=1.0 - cfg.gpu_memory_utilization, reserve_bytes=cfg.reserve_bytes)
     pct = {"p50": float(need_tokens), "p90": float(need_tokens), "p99": float(need_tokens)}
     stats = WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, pct, pct, pct)
     fit = memory_fit(gpu, shard, stats, pc, precision)

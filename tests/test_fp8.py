@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -156,18 +157,25 @@ def test_memory_follows_the_precision_llama_70b_on_one_h100_and_one_h200():
     assert fp8 / 1e9 == pytest.approx(72.7, abs=0.1) and bf16 / 1e9 == pytest.approx(141.1, abs=0.1)
     stats, cfg = parse_workload("chat").stats(), PlanConfig()
     h100, h200 = get_gpu("NVIDIA H100 80GB HBM3"), get_gpu("NVIDIA H200")
-    # vLLM's defaults leave 79.0 GiB (CUDA's total) x 0.9 - 1.5 GiB = 74.8 GB: the fp8 weights (72.7 GB) fit, and
-    # the activations take the rest — no KV cache; the bf16 ones (141 GB) do not
-    for precision in ("bf16", "fp8"):
-        fit = memory_fit(h100, shape, stats, cfg, precision)
-        assert not fit.fits and "weights" in fit.reason
-    assert "leave no KV cache" in memory_fit(h100, shape, stats, cfg, "fp8").reason
+    # vLLM's defaults leave 79.0 GiB (CUDA's total) x 0.92 - 0.5 GiB = 77.5 GB: the fp8 weights (72.7 GB) and the
+    # activation peak (2.0 GB: the forward at 8192 tokens) fit, ~8.7k tokens of KV cache — a chat request's p99 fits;
+    # the bf16 weights (141 GB) do not
+    assert not memory_fit(h100, shape, stats, cfg, "bf16").fits
+    assert "weights" in memory_fit(h100, shape, stats, cfg, "bf16").reason
+    one = memory_fit(h100, shape, stats, cfg, "fp8")
+    assert one.fits and 8000 < one.kv_tokens < 9500
+    assert one.activation_bytes / 1e9 == pytest.approx(2.0, abs=0.05)
+    # the public start-up log of nvidia/Llama-3.3-70B-Instruct-FP8 (the same shapes) on one H100 logged 5.11 GiB of KV
+    # cache with an fp8 KV cache (33,504 tokens) at a gpu_memory_utilization it does not state; at 0.95 this fit gives
+    # 5.0 GiB (and at 0.92, the default, 2.67)
+    at95 = memory_fit(h100, shape, stats, replace(cfg, reserve_fraction=0.05), "fp8")
+    assert at95.kv_bytes / 2**30 == pytest.approx(5.11, rel=0.05)
     assert memory_fit(h200, shape, stats, cfg, "fp8").fits
     assert not memory_fit(h200, shape, stats, cfg, "bf16").fits
-    # at TP 2 on H100s both shards fit, the fp8 one with over ten times the bf16 one's KV cache
+    # at TP 2 on H100s both shards fit, the fp8 one with about ten times the bf16 one's KV cache (38 GB against 3.9)
     f8 = memory_fit(h100, shape.sharded(2), stats, cfg, "fp8")
     b16 = memory_fit(h100, shape.sharded(2), stats, cfg, "bf16")
-    assert f8.fits and b16.fits and f8.kv_tokens > 10 * b16.kv_tokens
+    assert f8.fits and b16.fits and f8.kv_tokens > 8 * b16.kv_tokens
     assert f8.kv_bytes_per_token == b16.kv_bytes_per_token  # the KV cache stays bf16
 
 

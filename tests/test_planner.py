@@ -145,6 +145,31 @@ def test_more_tp_never_more_memory_per_gpu(model):
             prev = m
 
 
+def test_activation_peak_is_the_larger_of_vllms_two_profile_passes():
+    """vLLM's start-up profile runs the forward pass at the token budget, then the sampler over max_num_seqs rows of
+    the whole vocabulary on every GPU (the logits are all-gathered): the peak is the larger pass, and the sampler's
+    does not shrink with TP."""
+    from m2live.planner.memory import SAMPLER_PROFILE_BYTES_PER_LOGIT, activation_bytes, engine_reserve_bytes
+    shape = get_model(L8)
+    fwd_only = activation_bytes(shape, 8192, 1)  # one sampled row: the forward pass binds
+    assert fwd_only == pytest.approx(2 * 8192 * (2 * 4096 + 3 * 14336), rel=1e-9)
+    for tp in (1, 2, 4, 8):
+        a = activation_bytes(shape.sharded(tp), 8192, 1024)
+        assert a >= SAMPLER_PROFILE_BYTES_PER_LOGIT * 1024 * shape.vocab  # full vocabulary on every rank
+        assert a < fwd_only + SAMPLER_PROFILE_BYTES_PER_LOGIT * 1024 * shape.vocab + 2 * 10240 * 4096  # never the sum
+    assert activation_bytes(shape, 8192, 1024, "fp8") >= activation_bytes(shape, 8192, 1024)
+    assert engine_reserve_bytes(1) < engine_reserve_bytes(2) == engine_reserve_bytes(8)
+
+
+def test_kv_cache_of_a_public_vllm_start_up_log():
+    """vLLM 0.31 serving meta-llama/Llama-3.1-8B-Instruct on one A100-SXM4-80GB at its defaults (API server: 2048
+    tokens, 256 sequences; gpu_memory_utilization 0.92 of 79.25 GiB) logged 56.21 GiB of KV cache (460,496 tokens):
+    public lab notes, never fitted on. The fit: 57.1 GiB (+1.6 %; 0.9 and a flat 1.5 GiB gave 54.5, -3 %)."""
+    fit = memory_fit(get_gpu("NVIDIA A100-SXM4-80GB"), get_model(L8), preset("chat").stats(),
+                     PlanConfig(max_num_seqs=256, max_batched_tokens=2048))
+    assert fit.kv_bytes / 2**30 == pytest.approx(56.21, rel=0.03)
+
+
 def test_model_that_does_not_fit_is_excluded_with_reason():
     r = rank(L70, preset("chat"), ["NVIDIA L4", "a100-80gb"], (1, 2), PlanConfig())
     ex = {(x.gpu, x.tp): x.reason for x in r.excluded}

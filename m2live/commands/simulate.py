@@ -14,7 +14,7 @@ flight.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
 server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
 CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
-refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.9, a
+refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92, a
 prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
 CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
 default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by

@@ -1,8 +1,8 @@
 """The planner's configuration and the memory fit of one GPU x TP layout.
 
 Per GPU: ``usable = memory x (1 - reserve_fraction) - reserve_bytes`` (vLLM's default
-``gpu_memory_utilization=0.9`` leaves 10 %; 1.5 GiB covers the CUDA context, cuBLAS/NCCL workspaces and captured
-CUDA graphs). From it come the weight shard, the activation peak of one forward pass at the token budget
+``gpu_memory_utilization`` 0.92 leaves 8 %; ``engine_reserve_bytes`` covers the non-torch workspaces and CUDA
+graphs vLLM counts against the rest). From it come the weight shard, the activation peak of one forward pass at the token budget
 (``activation_bytes``) and the KV cache; the KV cache must hold at least one request of the workload's p99
 length. A layout that fails says which term did not fit.
 """
@@ -14,10 +14,27 @@ from dataclasses import dataclass, field
 
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec
+from ..serving_config import GPU_MEMORY_UTILIZATION
 from ..shapes import ModelShape
 from ..workload import WorkloadStats
 
 GIB = 1024**3
+
+# What vLLM's KV-cache sizing (gpu_worker.determine_available_memory) takes besides weights and the activation peak:
+# memory outside torch created after its start-up snapshot (cuBLAS and attention workspaces; the CUDA context and
+# NCCL come before it and are outside the budget) and its estimate of the CUDA graphs' pool. Public start-up logs
+# (never fitted on): one GPU 0.49 GiB (vLLM 0.31, Llama-3.1-8B on an A100: 0.26 non-torch + 0.23 graphs), graphs
+# 0.22-0.78 GiB in five other single-GPU logs; under tensor parallelism the custom all-reduce and FlashInfer's
+# all-reduce + RMSNorm fusion workspaces register with the graphs (a TP 2 log: 1.97 GiB of graphs). Until 2026-12-06
+# 1.5 GiB whatever the TP.
+ENGINE_RESERVE_BYTES = 0.5 * GIB
+TP_RESERVE_BYTES = 1.0 * GIB
+
+
+def engine_reserve_bytes(tp: int) -> float:
+    """Non-torch memory and CUDA graphs that vLLM counts against one GPU's budget (ENGINE_RESERVE_BYTES, plus
+    TP_RESERVE_BYTES under tensor parallelism)."""
+    return ENGINE_RESERVE_BYTES + (TP_RESERVE_BYTES if tp > 1 else 0.0)
 
 
 class PlanError(ValueError):
@@ -29,8 +46,8 @@ class PlanConfig:
     slo_s: float | None = None  # per-step latency SLO (= inter-token latency); None: no latency limit
     max_num_seqs: int = 1024  # vLLM V1 default max_num_seqs (OpenAI server, GPUs with >= 70 GiB)
     max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (token budget per step)
-    reserve_fraction: float = 0.10  # vLLM gpu_memory_utilization = 0.9
-    reserve_bytes: float = 1.5 * GIB  # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs
+    reserve_fraction: float = 1.0 - GPU_MEMORY_UTILIZATION  # what vLLM's gpu_memory_utilization leaves out
+    reserve_bytes: float | None = None  # None: engine_reserve_bytes(tp) (non-torch memory and CUDA graphs)
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
     rank_by: str = "auto"  # auto | gpu | dollar | layout
@@ -64,17 +81,35 @@ class PlanConfig:
                 raise PlanError(f"price for {g} must be a positive $/GPU-hour, got {p!r}")
 
 
+# Bytes per (sampled row x vocabulary entry) live at the peak of vLLM's dummy sampler run: the gathered bf16
+# logits (kept by the caller), their fp32 copy (Sampler.forward), the fp32 probabilities and the fp32 exponential
+# noise of random_sample; top-k/top-p masks in place (the Triton kernel, apply_top_k_top_p_triton). From vLLM
+# 0.32's code (v1/sample/sampler.py, ops/topk_topp_sampler.py), not fitted. Older releases' sort-based masking
+# peaks near 39 bytes (start-up logs of 0.8.5-0.31 at 256 sequences: 1.2-1.45 GiB of activation peak).
+SAMPLER_PROFILE_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+
+
 def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precision: str = "bf16") -> float:
-    """Peak activation memory of one forward pass at the token budget, on one GPU (conservative: every
-    intermediate of one layer live at once) plus fp32 logits and probabilities for the sampled sequences.
-    Activations stay bf16 under fp8; the e4m3 copies of the four projections' inputs add 1 byte per element."""
+    """The activation peak vLLM's start-up profile measures on one GPU (``gpu_model_runner.profile_run``): the
+    larger of its two passes, which run one after the other — the forward pass at the token budget (the
+    residual stream and normed input, plus the larger of the attention block's q/k/v and output and the MLP's
+    gate_up and activation outputs: the one layer's intermediates live at once; under fp8 the e4m3 copy of a
+    projection's input, 1 byte a element) and the sampler's dummy run over min(max_num_seqs, budget) rows of
+    the *whole* vocabulary on every GPU (vLLM V1 all-gathers the logits and samples on every rank), with the
+    forward's hidden states still held. Until 2026-12-06 the two were summed, the logits counted per vocab shard
+    at 8 bytes and every intermediate of a layer as live at once: Llama-3.1-70B fp8 on one H100 at vLLM's
+    defaults 3.47 GB, now 1.99 GB."""
     d = shard.dtype_bytes
-    tp = shard.tp
-    per_token = (2 * shard.hidden + (shard.heads_per_gpu + 2 * shard.kv_heads_per_gpu) * shard.head_dim
-                 + shard.heads_per_gpu * shard.head_dim + 3 * shard.intermediate // tp)
-    quant = 2 * shard.hidden + shard.heads_per_gpu * shard.head_dim + shard.intermediate // tp
-    logits = 2 * 4 * max_seqs * -(-shard.vocab // tp)
-    return float(d * max_tokens * per_token + (max_tokens * quant if precision == "fp8" else 0) + logits)
+    h = shard.hidden
+    q = shard.heads_per_gpu * shard.head_dim
+    attn = 2 * q + 2 * shard.kv_heads_per_gpu * shard.head_dim  # q, k, v out; attention out
+    mlp = 3 * (shard.intermediate // shard.tp)  # gate_up out; SiLU*up out
+    forward = d * max_tokens * (2 * h + max(attn, mlp))
+    if precision == "fp8":
+        forward += max_tokens * max(h, q, shard.intermediate // shard.tp)
+    rows = min(max_seqs, max_tokens)
+    sampler = SAMPLER_PROFILE_BYTES_PER_LOGIT * rows * shard.vocab + d * (max_tokens + 2 * rows) * h
+    return float(max(forward, sampler))
 
 
 @dataclass(frozen=True)
@@ -108,7 +143,8 @@ def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanC
                precision: str = "bf16") -> MemoryFit:
     """Weights (fp8 W8A8: the four projections at 1 byte per weight), activations and the KV cache on one GPU."""
     total = gpu.mem_bytes
-    reserve = total * cfg.reserve_fraction + cfg.reserve_bytes
+    fixed = engine_reserve_bytes(shard.tp) if cfg.reserve_bytes is None else cfg.reserve_bytes
+    reserve = total * cfg.reserve_fraction + fixed
     weights = float(shard.weight_bytes(precision))
     act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs, precision)
     kv = total - reserve - weights - act
