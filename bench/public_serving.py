@@ -49,7 +49,7 @@ POINTS: list[dict] = [
                  "--ignore-eos, closed loop at fixed --max-concurrency",
         "stated": "ITL p50 and TTFT p50 (ms) per concurrency",
         "gpu": "NVIDIA L4", "model": QWEN25_05B, "tp": 1, "precision": "bf16", "isl": 256, "osl": 128,
-        "async": None, "statistic": "median",
+        "async": None, "statistic": "median", "gpu_memory_utilization": 0.6,
         "runs": [  # (concurrency, TPOT ~ ITL p50, TTFT p50)
             (1, 5.1, 27.0), (2, 5.2, 37.8), (4, 5.3, 50.1), (8, 5.5, 60.9), (16, 6.0, 103.8), (32, 7.1, 135.3),
         ],
@@ -79,6 +79,19 @@ POINTS: list[dict] = [
         "gpu": "NVIDIA A100-SXM4-40GB", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
         "isl": 1024, "osl": 128, "async": None,
         "runs": [(1, 1000.0 / 75.0, None)],
+    },
+    {
+        "source": "public lab notes on GitHub ('Session 2' / 'Session 3' of a vLLM course's 01-baseline notes, "
+                  "2026-10; repository not named by the index that found them)",
+        "setup": "1x NVIDIA A100-SXM4-80GB, docker vllm/vllm-openai:v0.31.0, meta-llama/Llama-3.1-8B-Instruct bf16, "
+                 "server defaults (its start-up log: gpu_memory_utilization 0.92, 56.21 GiB of KV cache); one "
+                 "streaming chat completion with curl on the same host, a 2,065-token prompt (template included), "
+                 "64 output tokens forced with min_tokens, prefix cache missed (the first of three runs)",
+        "stated": "first chunk at 0.182 s; first content chunk to [DONE] 0.72 s for 64 tokens (TPOT 0.72 / 63 = "
+                  "11.43 ms; the notes round it to 11.5 ms/token)",
+        "gpu": "NVIDIA A100-SXM4-80GB", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
+        "isl": 2065, "osl": 64, "async": None, "num_prompts": 1,
+        "runs": [(1, 720.0 / 63, 182.0)],
     },
     {
         "source": "https://github.com/vllm-project/vllm/pull/20759 (baseline rows, 2025-07)",
@@ -126,7 +139,8 @@ def run_point(p: dict) -> dict:
     for c, tpot, ttft in p["runs"]:
         cfg = ServingConfig(concurrency=c, async_scheduling=p["async"], allreduce_fusion=p.get("allreduce_fusion"),
                             num_prompts=p.get("num_prompts"), request_rate=p.get("request_rate"),
-                            gpu_memory_utilization=p.get("gpu_memory_utilization", 0.9))
+                            **({"gpu_memory_utilization": p["gpu_memory_utilization"]}
+                               if "gpu_memory_utilization" in p else {}))
         r = simulate(p["model"], p["gpu"], p["tp"], p["isl"], p["osl"], cfg, precision=p["precision"])
         # the statistic the source states: medians (p50) where it gives them, else the benchmark's means
         median = p.get("statistic", "mean") == "median"
