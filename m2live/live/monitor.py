@@ -102,6 +102,11 @@ class LiveMonitor:
                  f"SLO {self.control.slo_ms} ms" if self.admission_active else "off",
                  ", ".join(getattr(s, "name", type(s).__name__) for s in self.sinks) or "none")
 
+    @property
+    def scheduled_steps(self) -> int:
+        """Steps taken up when scheduled so far (the index the latest one's record will carry)."""
+        return self._n
+
     # --- sinks ------------------------------------------------------------------------------------------
     @property
     def sinks(self) -> list[Sink]:
