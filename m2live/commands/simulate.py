@@ -88,6 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
     p.add_argument("--kv-cache-gib", help="KV-cache size in GiB (default: what the GPU's memory leaves; on the "
                                           "CPU device give VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization, the share of the GPU's memory "
+                                                    "the engine sizes itself to, in (0, 1] (default 0.92, vLLM's)")
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--tokenize-us", help="the API server's tokenisation per prompt token, us, serial over requests "
                                          "(default 2.5, measured: results/tokenize_cost.json; 0 for prompts sent "
@@ -164,6 +166,19 @@ def _nonneg_float(text: object, what: str) -> float:
     return v
 
 
+def _utilization(text: str | None) -> float | None:
+    """--gpu-memory-utilization: None when unset, else a share in (0, 1]."""
+    if text is None:
+        return None
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        v = math.nan
+    if not 0 < v <= 1:
+        raise SimulationError(f"--gpu-memory-utilization must be in (0, 1], got {text!r}")
+    return v
+
+
 def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     """A request rate (the flag or a batch cell): None when blank or unset, inf (the closed loop), or a positive
     number of requests/s."""
@@ -184,7 +199,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
-            kv_cache_dtype: str = "auto") -> ServingResult:
+            kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -214,6 +229,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
+                        **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
                         request_rate=request_rate, seed=seed)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
@@ -242,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
-                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype)
+                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
+                _utilization(args.gpu_memory_utilization))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -277,7 +294,8 @@ def print_result(r: ServingResult) -> None:
         c.print(f"  largest {kind} step ({b.get('prefill_tokens', 0)} prefill + {b['decodes']} decodes): "
                 f"{b['bound']}-bound ({', '.join(f'{k} {v:.0%}' for k, v in b['shares'].items() if v >= 0.01)})")
     c.print(f"memory per GPU: weights {m['weights_gb']:.1f} GB, activations {m['activations_gb']:.1f} GB, KV cache "
-            f"{a['kv_cache_tokens']:,} tokens" + (f" — {m['note']}" if m.get("note") else ""))
+            f"{a['kv_cache_tokens']:,} tokens (gpu_memory_utilization {a['gpu_memory_utilization']:g})"
+            + (f" — {m['note']}" if m.get("note") else ""))
     c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
             f"{'on' if a['async_scheduling'] else 'off'}, "
@@ -311,6 +329,7 @@ def run_batch(args: argparse.Namespace) -> int:
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
     tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
     rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
+    utilization = _utilization(args.gpu_memory_utilization)  # every row's
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)]  # the input's columns, echoed
@@ -324,7 +343,8 @@ def run_batch(args: argparse.Namespace) -> int:
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
                         tokenize_us=tokenize_us, seed=seed,
                         request_rate=rate if rate_cell is None else rate_cell,
-                        kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell)
+                        kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell,
+                        gpu_memory_utilization=utilization)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
