@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..planner import LayoutResult, Ranking
-from ..planner.memory import ENGINE_RESERVE_BYTES, TP_RESERVE_BYTES
+from ..planner.memory import reserve_label
 
 _ABBR = {"compute": "cmp", "memory": "mem", "communication": "comm", "host": "host"}
 _METRIC = {"gpu": "out tok/s per GPU", "dollar": "out tokens per $", "layout": "out tok/s per replica"}
@@ -128,10 +128,8 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
             c.print(f"  [yellow]SLO unmet[/yellow] {short(x.gpu)} tp{x.tp}: {x.reason}")
     if r.excluded:
         c.print(_excluded_table(r.excluded))
-    fixed = (f"{ENGINE_RESERVE_BYTES / 2**30:g} GiB (+{TP_RESERVE_BYTES / 2**30:g} under TP)" if cfg.reserve_bytes is None
-             else f"{cfg.reserve_bytes / 2**30:g} GiB")
-    c.print(f"memory reserve: {cfg.reserve_fraction:.0%} of device memory + {fixed} (non-torch workspaces, CUDA graphs); "
-            "the activation peak of vLLM's start-up profile; KV cache gets the rest.")
+    c.print(f"memory reserve: {cfg.reserve_fraction:.0%} of device memory + {reserve_label(cfg.reserve_bytes)}; the "
+            "activation peak of vLLM's start-up profile; KV cache gets the rest.")
     c.print("tok/s, conc., TTFT and TPOT: m2live simulate's closed loop (vLLM V1 scheduler) at the operating point's "
             "concurrency, lowered until the mean TPOT meets the SLO; batch / step ms: the steady-state step.")
 

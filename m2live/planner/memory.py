@@ -2,8 +2,8 @@
 
 Per GPU: ``usable = memory x (1 - reserve_fraction) - reserve_bytes`` (vLLM's default
 ``gpu_memory_utilization`` 0.92 leaves 8 %; ``engine_reserve_bytes`` covers the non-torch workspaces and CUDA
-graphs vLLM counts against the rest). From it come the weight shard, the activation peak of one forward pass at the token budget
-(``activation_bytes``) and the KV cache; the KV cache must hold at least one request of the workload's p99
+graphs vLLM counts against the rest). From it come the weight shard, the activation peak of vLLM's start-up
+profile (``activation_bytes``) and the KV cache; the KV cache must hold at least one request of the workload's p99
 length. A layout that fails says which term did not fit.
 """
 
@@ -35,6 +35,13 @@ def engine_reserve_bytes(tp: int) -> float:
     """Non-torch memory and CUDA graphs that vLLM counts against one GPU's budget (ENGINE_RESERVE_BYTES, plus
     TP_RESERVE_BYTES under tensor parallelism)."""
     return ENGINE_RESERVE_BYTES + (TP_RESERVE_BYTES if tp > 1 else 0.0)
+
+
+def reserve_label(reserve_bytes: float | None) -> str:
+    """The fixed reserve a PlanConfig takes, in words: its own figure, or engine_reserve_bytes's rule."""
+    if reserve_bytes is None:
+        return f"{ENGINE_RESERVE_BYTES / GIB:g} GiB (+{TP_RESERVE_BYTES / GIB:g} under TP) of workspaces and CUDA graphs"
+    return f"{reserve_bytes / GIB:g} GiB"
 
 
 class PlanError(ValueError):
@@ -98,7 +105,7 @@ def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precisio
     the *whole* vocabulary on every GPU (vLLM V1 all-gathers the logits and samples on every rank), with the
     forward's hidden states still held. Until 2026-12-06 the two were summed, the logits counted per vocab shard
     at 8 bytes and every intermediate of a layer as live at once: Llama-3.1-70B fp8 on one H100 at vLLM's
-    defaults 3.47 GB, now 1.99 GB."""
+    defaults 3.47 GB, now 2.01 GB."""
     d = shard.dtype_bytes
     h = shard.hidden
     q = shard.heads_per_gpu * shard.head_dim

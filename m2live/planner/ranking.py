@@ -19,7 +19,7 @@ from ..shapes import ModelShape, ModelShapeError, get_model
 from ..step import Step
 from ..workload import Workload, WorkloadStats
 from .layout import LayoutModel, bound_shares, dominant_bound
-from .memory import ENGINE_RESERVE_BYTES, GIB, TP_RESERVE_BYTES, MemoryFit, PlanConfig, PlanError
+from .memory import GIB, MemoryFit, PlanConfig, PlanError, reserve_label
 
 SLO_SWEEP_MS = (5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0)
 TRACE_REPLAY_MAX = 128  # recorded steps replayed per layout (evenly spaced)
@@ -311,9 +311,8 @@ class Ranking:
                 "clock": c.clock, "precision": c.precision, "act_scale": c.act_scale,
                 "kv_cache_dtype": c.kv_cache_dtype,
                 "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
-                "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": ("non-torch memory and CUDA graphs: "
-                                       f"{ENGINE_RESERVE_BYTES / GIB:g} GiB, +{TP_RESERVE_BYTES / GIB:g} under TP"
-                                       if c.reserve_bytes is None else c.reserve_bytes / GIB),
+                "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": None if c.reserve_bytes is None else c.reserve_bytes / GIB,  # None: by TP, below
+                "memory_reserve": reserve_label(c.reserve_bytes),
                 "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
                 else c.async_scheduling,
                 "allreduce_fusion": "vLLM's default (on for Hopper and Blackwell data-centre GPUs under TP)"
