@@ -1,6 +1,7 @@
 """The README quotes the machine-independent benchmarks (results/accuracy.json, ranking.json, public_serving.json,
-kv_capacity.json): every figure of its status table and of its per-operator table must be the one the committed JSON holds, so a
-regenerated result cannot leave a stale number behind (three were found stale by hand on 2026-12-05)."""
+kv_capacity.json): every figure of its status table and of its per-operator table must be the one the committed
+JSON holds, so a regenerated result cannot leave a stale number behind (three were found stale by hand on
+2026-12-05)."""
 
 from __future__ import annotations
 
