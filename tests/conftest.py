@@ -3,6 +3,7 @@ the shipped model configs."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,6 +22,14 @@ MODELS = REPO / "m2live" / "data" / "models"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 M2 = [sys.executable, "-m", "m2live"]
+
+
+def load_script(path: Path, name: str | None = None):
+    """A script of the repository (bench/*.py, dashboards/*.py) imported as a module, without running its main."""
+    spec = importlib.util.spec_from_file_location(name or f"m2live_script_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

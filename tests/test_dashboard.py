@@ -3,14 +3,13 @@ expression in it returns data from a REAL Prometheus scraping a real PrometheusE
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 import threading
-from pathlib import Path
 
 import pytest
+from conftest import REPO, load_script
 from servers import (
     Prometheus,
     free_port,
@@ -21,7 +20,6 @@ from servers import (
 
 from exporters.prometheus import PrometheusExporter
 
-REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "dashboards" / "m2live.json"
 DESIGN_METRICS = ("step_predicted_seconds", "step_measured_seconds", "step_residual_ratio", "steps_total",
                   "op_predicted_seconds", "factor", "sm_clock_mhz", "sm_clock_boost_mhz", "power_watts",
@@ -32,10 +30,7 @@ VARIABLES = ("engine", "gpu", "model")
 
 
 def load_build():
-    spec = importlib.util.spec_from_file_location("m2live_dashboard_build", REPO / "dashboards" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "dashboards" / "build.py", "m2live_dashboard_build")
 
 
 @pytest.fixture(scope="module")

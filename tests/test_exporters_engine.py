@@ -23,9 +23,9 @@ from pathlib import Path
 
 import paho.mqtt.publish as paho_publish
 import pytest
+from conftest import REPO, load_script
 from servers import Mosquitto, Prometheus, Subscriber, free_port, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 INSTANCE = "e2e"
 SLO_MS = 50.0
 SLO_MS_LIVE = 20.0
@@ -33,15 +33,6 @@ SLO_MS_LIVE = 20.0
 NVML_ONLY = ("m2live_power_watts", "m2live_power_limit_watts", "m2live_clock_event_reasons")
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
-
-
-def _load(name: str, path: Path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Driver:
@@ -184,7 +175,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         # ---- Prometheus scraped the engine; the dashboard's every expression has data -------------------------
         drv.run_until(lambda: _scrapes(prom) >= 5, 30, "five scrapes of the engine's exporter")
         assert mon.counters()["mqtt_dropped_total"] == mon.mqtt.dropped > 0
-        dash = _load("m2live_dashboard_build", REPO / "dashboards" / "build.py").build()
+        dash = load_script(REPO / "dashboards" / "build.py", "m2live_dashboard_build").build()
         sel = {"$engine": ".*", "$gpu": ".*", "$model": ".*", "$__rate_interval": "20s"}
         # series that need hardware telemetry: NVML (power, throttle reasons); any clock source (sample age)
         no_hw = NVML_ONLY if mon.sampler is not None else (*NVML_ONLY, "m2live_clock_age_seconds")
@@ -217,7 +208,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         snap = os.environ.get("M2LIVE_SNAPSHOT")
         if snap:
             drv.drain()
-            _load("m2live_dashboard_snapshot", REPO / "dashboards" / "snapshot.py").render(
+            load_script(REPO / "dashboards" / "snapshot.py", "m2live_dashboard_snapshot").render(
                 prom.url, t_begin, time.time(), snap, rate_interval="10s")
             print(f"snapshot written to {snap}", file=sys.stderr)
     finally:

@@ -4,17 +4,13 @@ utilisation a deployment would set (between vLLM's default and 1)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import REPO, load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "kv_capacity.py"
+BENCH = REPO / "bench" / "kv_capacity.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("kv_capacity", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH)
 
 
 def test_start_up_logs_are_within_five_percent():

@@ -4,17 +4,13 @@ priors) kept honest — a change that closes it should come with its reason."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import REPO, load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "public_serving.py"
+BENCH = REPO / "bench" / "public_serving.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("public_serving", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH)
 
 
 def test_published_gpu_serving_tpot_stays_within_its_floor_and_ttft_is_short_as_reported():
