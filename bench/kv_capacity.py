@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,12 +80,11 @@ POINTS: list[dict] = [
 
 def fit_gib(p: dict, utilization: float) -> tuple[float, int]:
     """(KV cache GiB, tokens) the memory fit leaves at ``utilization``."""
-    shard = p["model"].sharded(p["tp"])
+    shard = replace(p["model"].sharded(p["tp"]), kv_dtype_bytes=p["kv_bytes"])
     cfg = PlanConfig(max_num_seqs=p["max_num_seqs"], max_batched_tokens=p["max_num_batched_tokens"],
                      reserve_fraction=1.0 - utilization)
     fit = memory_fit(get_gpu(p["gpu"]), shard, preset("chat").stats(), cfg, p["precision"])
-    per_token = shard.kv_bytes_per_token() * p["kv_bytes"] // 2
-    return fit.kv_bytes / GIB, int(fit.kv_bytes // per_token)
+    return fit.kv_bytes / GIB, fit.kv_tokens
 
 
 def run_point(p: dict) -> dict:
