@@ -646,3 +646,11 @@ def test_the_simulated_shapes_are_named(capsys):
     assert capsys.readouterr().out.startswith(f"{L8} on NVIDIA H100 80GB HBM3 x1 fp8")
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["assumptions"]["model"] == L8
+
+
+def test_batch_file_that_is_not_text_is_one_line_naming_it(tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"\xff\xfe\x00model,gpu")
+    assert main(["simulate", "--batch", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{src}: not a text CSV file" in err

@@ -311,14 +311,18 @@ def print_result(r: ServingResult) -> None:
 
 def run_batch(args: argparse.Namespace) -> int:
     path = Path(args.batch)
-    with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not a column name
-        reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in BATCH_COLUMNS if c not in header]
-        if missing:
-            raise SimulationError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(BATCH_COLUMNS)})")
-        rows = [{(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in row.items()}
-                for row in reader]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is no column
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in BATCH_COLUMNS if c not in header]
+            if missing:
+                raise SimulationError(f"{path}: missing column(s) {', '.join(missing)} "
+                                      f"(need {', '.join(BATCH_COLUMNS)})")
+            rows = [{(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in row.items()}
+                    for row in reader]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SimulationError(f"{path}: not a text CSV file ({one_line(e)})") from None
     # every row's fields first: a bad row anywhere in the file is named before any configuration is simulated
     parsed = []
     for n, row in enumerate(rows, start=2):
