@@ -259,6 +259,32 @@ def test_gpu_memory_utilization_flag_sizes_the_kv_cache(capsys):
         assert "--gpu-memory-utilization must be in (0, 1]" in err and len(err.splitlines()) == 1
 
 
+def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
+    """--num-gpu-blocks-override as vLLM's: the cache is K blocks of 16 tokens whatever the memory leaves, and a
+    cache that small makes requests wait and be preempted (TTFT grows); given with --kv-cache-gib, or too small for
+    one request, it is one line, exit 2; the batch file's num_gpu_blocks_override cell does the same per row."""
+    import json
+
+    base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "256", "--concurrency", "32",
+            "--json"]
+    assert main(base) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main([*base, "--num-gpu-blocks-override", "600"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["assumptions"]["kv_cache_tokens"] == 600 * 16 and small["assumptions"]["kv_cache_sized_by"] == "given"
+    assert free["assumptions"]["kv_cache_sized_by"] == "memory"
+    assert small["steps"]["preemptions"] > 0 == free["steps"]["preemptions"]
+    assert small["ttft_ms"] > 2 * free["ttft_ms"]
+    for extra, msg in ((["--kv-cache-gib", "3"], "give one"), (["--isl", "100000"], "cannot hold one request")):
+        assert main([*base, "--num-gpu-blocks-override", "600", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,256,32,bf16,600\n{L8},h100-sxm,1,1024,256,32,bf16,\n",
+                      header=f"{BATCH_HEADER},num_gpu_blocks_override")
+    assert rc == 0 and float(rows[0]["ttft_ms"]) == pytest.approx(small["ttft_ms"], rel=1e-3)
+    assert float(rows[1]["ttft_ms"]) == pytest.approx(free["ttft_ms"], rel=1e-3)
+
+
 def test_batch_csv_roundtrip(tmp_path, capsys):
     rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,16,bf16,\n{L8},h100-sxm,1,1024,128,16,fp8,\n"
                                 f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n", header=f"{BATCH_HEADER},max_num_seqs")

@@ -1,7 +1,8 @@
 """Simulate vLLM serving at a fixed concurrency: the mean TTFT, TPOT and output tokens/s of vLLM's benchmark.
 
   m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
-                  [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N] [--kv-cache-gib G]
+                  [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N]
+                  [--kv-cache-gib G | --num-gpu-blocks-override K]
                   [--calibration CAL.json] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
   m2live simulate --batch FILE.csv -o OUT.csv
 
@@ -50,6 +51,8 @@ from ..quantization import kv_cache_dtype_of, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
+    BLOCK_SIZE,
+    CPU_BLOCK_SIZE,
     ServingConfig,
     ServingResult,
     SimulationError,
@@ -62,7 +65,7 @@ from ..simulate import (
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
-                  "kv_cache_dtype")
+                  "kv_cache_dtype", "num_gpu_blocks_override")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
@@ -88,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
     p.add_argument("--kv-cache-gib", help="KV-cache size in GiB (default: what the GPU's memory leaves; on the "
                                           "CPU device give VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--num-gpu-blocks-override", metavar="K",
+                   help="vLLM's --num-gpu-blocks-override: the KV cache is K blocks (of 16 tokens; 128 on the CPU "
+                        "device), one of them vLLM's null block, whatever the memory leaves")
     p.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization, the share of the GPU's memory "
                                                     "the engine sizes itself to, in (0, 1] (default 0.92, vLLM's)")
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
@@ -199,7 +205,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             calibration: str | None = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
-            kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None) -> ServingResult:
+            kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
+            num_gpu_blocks: int | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -224,6 +231,10 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
+    if num_gpu_blocks is not None:
+        if kv_gib is not None:
+            raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override both size the KV cache: give one")
+        kv_tokens = num_gpu_blocks * (CPU_BLOCK_SIZE if gpu.arch == "cpu" else BLOCK_SIZE)
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
                         async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
@@ -259,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
                 _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
-                _utilization(args.gpu_memory_utilization))
+                _utilization(args.gpu_memory_utilization),
+                _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -294,7 +306,9 @@ def print_result(r: ServingResult) -> None:
         c.print(f"  largest {kind} step ({b.get('prefill_tokens', 0)} prefill + {b['decodes']} decodes): "
                 f"{b['bound']}-bound ({', '.join(f'{k} {v:.0%}' for k, v in b['shares'].items() if v >= 0.01)})")
     c.print(f"memory per GPU: weights {m['weights_gb']:.1f} GB, activations {m['activations_gb']:.1f} GB, KV cache "
-            f"{a['kv_cache_tokens']:,} tokens (gpu_memory_utilization {a['gpu_memory_utilization']:g})"
+            f"{a['kv_cache_tokens']:,} tokens ("
+            + (f"gpu_memory_utilization {a['gpu_memory_utilization']:g}" if a.get("kv_cache_sized_by") == "memory"
+               else "as given") + ")"
             + (f" — {m['note']}" if m.get("note") else ""))
     c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
@@ -337,7 +351,8 @@ def run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)]  # the input's columns, echoed
-    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell))) in enumerate(
+    blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
+    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
@@ -348,7 +363,8 @@ def run_batch(args: argparse.Namespace) -> int:
                         tokenize_us=tokenize_us, seed=seed,
                         request_rate=rate if rate_cell is None else rate_cell,
                         kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell,
-                        gpu_memory_utilization=utilization)
+                        gpu_memory_utilization=utilization,
+                        num_gpu_blocks=blocks_flag if blocks_cell is None else blocks_cell)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
@@ -390,7 +406,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               parse_switch(row.get("async_scheduling"), "async_scheduling"),
               parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
               _rate(row.get("request_rate"), "request_rate"),
-              kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None)
+              kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None,
+              _opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
