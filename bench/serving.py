@@ -22,6 +22,7 @@ Then the errors of mean TTFT, mean TPOT and output tokens/s. Targets (issue 17):
 
     python bench/serving.py --out results/serving.json            # ~8 min of engine time on 2 cores
     python bench/serving.py --out /tmp/s.json --quick             # two small configurations
+    python bench/serving.py --kv-bound --out results/serving_kv_bound.json   # a KV cache too small: preemptions
     python bench/serving.py --out results/serving.json --rescore DIR   # recompute from a kept run dir
 
 The engine run holds the machine-wide engine lock (/tmp/m2live-engine.lock); run it under
@@ -74,6 +75,19 @@ CONFIGS = [  # ~50k prompt tokens in all (warm-ups included): prefill runs at ~2
     (8, 128, 256, 16),
 ]
 QUICK = [(2, 256, 32, 4), (8, 128, 32, 16)]
+# --kv-bound: the same server with a KV cache too small for its runs (vLLM's --num-gpu-blocks-override), so that
+# requests wait for free blocks to be admitted and running ones are preempted (recompute) as they grow — the regime
+# of a big model on few GPUs (Llama-3.1-70B fp8 on one H100: 8.7k tokens). 24 blocks of 128 = 3,072 tokens (one
+# of them vLLM's null block); max_model_len 2048 holds the calibration workload's longest request (1500 + 160).
+KV_BOUND_BLOCKS = 24
+KV_BOUND_MAX_MODEL_LEN = 2048
+KV_BOUND = [  # (C, I, O, N): at full length 8, 4 and 2 of the C requests fit
+    (16, 256, 64, 32),
+    (8, 512, 128, 16),
+    (4, 1024, 64, 8),
+]
+QUICK_KV_BOUND = [(8, 256, 64, 8)]
+PREEMPTIONS = "vllm:num_preemptions_total"
 CALIBRATION = Workload(requests=48, rate=4.0, prompt_median=200, prompt_sigma=1.0, prompt_min=8,
                        prompt_max=1500, output_min=8, output_max=160, seed=7)
 
@@ -117,18 +131,24 @@ def run_closed_loop(server: Server, dataset: Path, n: int, c: int, out_dir: Path
     return json.loads((out_dir / "client.json").read_text())
 
 
-def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]]) -> None:
+def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]], kv_blocks: int | None = None) -> None:
+    """The calibration workloads, then ``configs`` in closed loop, on one server; ``kv_blocks``: its KV cache is
+    that many blocks (``--num-gpu-blocks-override``), and each run's preemptions are read off the server's own
+    counter — its warm-ups then run as a closed loop of their own before it, so that the count is the run's."""
     model_dir = make_model_dir(workdir / "model")
     run_dir = workdir / "server"
+    bound = ({"max_model_len": KV_BOUND_MAX_MODEL_LEN, "extra_args": ("--num-gpu-blocks-override", str(kv_blocks))}
+             if kv_blocks else {})
     with engine_lock():
         t0 = time.time()
-        with Server(model_dir, run_dir, Policy("serving"), None, KV_GIB, eager=True) as server:
+        with Server(model_dir, run_dir, Policy("serving"), None, KV_GIB, eager=True, **bound) as server:
             print(f"server ready in {time.time() - t0:.0f} s", flush=True)
             server.warm_up()
             t_cal = time.time()
             cal = run_poisson_client(server, CALIBRATION.write(workdir / "calibration.jsonl"), CALIBRATION,
                                      workdir / "calibration")
-            meta = {"calibration": [t_cal, time.time()], "client_calibration": cal, "runs": []}
+            meta = {"calibration": [t_cal, time.time()], "client_calibration": cal, "runs": [],
+                    "kv_blocks": kv_blocks}
             print(f"calibration workload done ({cal.get('completed')} requests)", flush=True)
             c_cal, n_cal, shapes = CLOSED_CALIBRATION
             t_a = time.time()
@@ -137,13 +157,22 @@ def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]]) -> None
             meta["calibration_closed"] = [t_a, time.time()]
             print("closed-loop calibration workload done", flush=True)
             for c, isl, osl, n in configs:
-                ds = write_dataset(workdir / f"c{c}_i{isl}_o{osl}.jsonl", n, [(isl, osl)], seed=c * 7919 + isl)
+                name = f"c{c}_i{isl}_o{osl}"
+                ds = write_dataset(workdir / f"{name}.jsonl", n, [(isl, osl)], seed=c * 7919 + isl)
+                extra = {}
+                if kv_blocks:
+                    warm = write_dataset(workdir / f"{name}_warmup.jsonl", c, [(isl, osl)], seed=c * 7919 + isl + 1)
+                    run_closed_loop(server, warm, c, c, workdir / f"{name}_warmup", warmups=0)
+                    before = server.counter(PREEMPTIONS)
                 t_a = time.time()
-                res = run_closed_loop(server, ds, n, c, workdir / f"c{c}_i{isl}_o{osl}")
+                res = run_closed_loop(server, ds, n, c, workdir / name, warmups=0 if kv_blocks else None)
+                if kv_blocks:
+                    extra["preemptions"] = server.counter(PREEMPTIONS) - before
                 meta["runs"].append({"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n,
-                                     "t_start": t_a, "t_end": time.time(), "client": res})
+                                     "t_start": t_a, "t_end": time.time(), "client": res, **extra})
                 print(f"C={c} I={isl} O={osl} N={n}: TTFT {res['mean_ttft_ms']:.0f} ms, TPOT "
-                      f"{res['mean_tpot_ms']:.1f} ms, {res['output_throughput']:.0f} tok/s", flush=True)
+                      f"{res['mean_tpot_ms']:.1f} ms, {res['output_throughput']:.0f} tok/s"
+                      + (f", {extra['preemptions']:.0f} preemptions" if extra else ""), flush=True)
             time.sleep(1.5)  # the trace writer flushes
             meta["server_cmd"] = server.cmd
     (workdir / "meta.json").write_text(json.dumps(meta))
@@ -283,7 +312,8 @@ def score(workdir: Path) -> dict:
     threads = vllm_cpu_threads()  # the engine's, not this process's (2 on 2 cores: priced the steps 2x fast)
     spec = cpu_device(model=shape, threads=threads)  # on the served model's shapes, as the plugin's CPU device
     pred = Predictor(spec, shape, constants=device_constants(shape, threads=threads))
-    kv_tokens = KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
+    kv_blocks = meta.get("kv_blocks")
+    kv_tokens = kv_blocks * CPU_BLOCK_SIZE if kv_blocks else KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
     # the calibrated mode: a correction of the CPU device's predictions trained on the calibration workloads'
     # steps only (the Poisson mix, then the closed loop of a few recurring shapes) — the plugin's online correction
     # (ResidualTracker) or a non-negative linear fit over the same features, whichever predicts held-out steps
@@ -323,8 +353,12 @@ def score(workdir: Path) -> dict:
                "measured_steps": len(steps),
                "measured_mean_step_ms": 1e3 * sum(r["measured_s"] for r in steps) / max(1, len(steps)),
                "measured_p99_itl_ms": float(cl.get("p99_itl_ms", float("nan")))}
+        if "preemptions" in run:
+            row["measured_preemptions"] = run["preemptions"]
         cfg = ServingConfig(concurrency=c, num_prompts=n, kv_tokens=int(kv_tokens), block_size=CPU_BLOCK_SIZE,
-                            clock="boost", test_run_cached=True,  # its --num-warmups C send the first prompt
+                            # --num-warmups C send the first prompt first (cached); the KV-bound runs warm up
+                            # on prompts of their own and send none
+                            clock="boost", test_run_cached=not kv_blocks,
                             tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S)
         replay = _replay(steps)
         for mode, corr in (("raw", None), ("calibrated", correction), ("replayed", replay)):
@@ -350,6 +384,8 @@ def score(workdir: Path) -> dict:
             errs = [abs(r[mode]["median_error"][k]) for r in rows if k in r[mode].get("median_error", {})]
             if errs:
                 out[f"median_{k}"] = {"mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
+        if all("measured_preemptions" in r for r in rows):  # measured, simulated
+            out["preemptions"] = [[r["measured_preemptions"], r[mode]["preemptions"]] for r in rows]
         out["tpot_within_15pct"] = sum(abs(r[mode]["error"]["tpot_ms"]) <= 0.15 for r in rows)
         out["ttft_within_25pct"] = sum(abs(r[mode]["error"]["ttft_ms"]) <= 0.25 for r in rows)
         out["configurations"] = len(rows)
@@ -362,8 +398,11 @@ def score(workdir: Path) -> dict:
                   "takes the measured time of the same-shaped step of that run (the simulator's own error "
                   "when step times are right)"},
         "engine": "vllm-cpu 0.32.0 OpenAI server (one process group), dummy bf16 Llama "
-                  "(m2live/data/models/bench-llama), --enforce-eager, VLLM_CPU_KVCACHE_SPACE="
-                  f"{KV_GIB}, vLLM-CPU defaults (token budget 2048, max_num_seqs 128, block 128)",
+                  "(m2live/data/models/bench-llama), --enforce-eager, "
+                  + (f"--num-gpu-blocks-override {kv_blocks} ({kv_tokens} tokens) --max-model-len "
+                     f"{KV_BOUND_MAX_MODEL_LEN}" if kv_blocks else f"VLLM_CPU_KVCACHE_SPACE={KV_GIB}")
+                  + ", vLLM-CPU defaults (token budget 2048, max_num_seqs 128, block 128)",
+        "kv_cache_tokens": int(kv_tokens),
         "client": "vllm.benchmarks.serve, custom JSONL dataset (prompts of exactly I tokens, O output tokens, "
                   "ignore-EOS), --max-concurrency C --request-rate inf",
         "simulator": "m2live.simulate (vLLM V1 scheduler, sync scheduling on CPU), CPU device "
@@ -428,6 +467,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="two small configurations (smoke test)")
+    ap.add_argument("--kv-bound", action="store_true",
+                    help=f"a KV cache of {KV_BOUND_BLOCKS} blocks (--num-gpu-blocks-override) and configurations "
+                         "it cannot hold at full length: admission waits and preemptions")
     ap.add_argument("--workdir", help="keep the raw runs here (default: a temporary directory, removed)")
     ap.add_argument("--rescore", metavar="DIR", help="score a kept run directory again (no engine)")
     return ap.parse_args(argv)
@@ -442,7 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="m2live-serving-"))
         workdir.mkdir(parents=True, exist_ok=True)
         cleanup = a.workdir is None
-        engine_runs(workdir, QUICK if a.quick else CONFIGS)
+        if a.kv_bound:
+            engine_runs(workdir, QUICK_KV_BOUND if a.quick else KV_BOUND, kv_blocks=KV_BOUND_BLOCKS)
+        else:
+            engine_runs(workdir, QUICK if a.quick else CONFIGS)
     result = score(workdir)
     result["run_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result["simulator_speed"] = speed()
@@ -457,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['output_tokens_per_s']['mape']:.1%}; TPOT within 15 %: {s['tpot_within_15pct']}/"
               f"{s['configurations']}, TTFT within 25 %: {s['ttft_within_25pct']}/{s['configurations']}"
               + "".join(f"; median {k[:4].upper()} MAPE {s[f'median_{k}']['mape']:.1%}" for k in ("ttft_ms", "tpot_ms")
-                        if f"median_{k}" in s))
+                        if f"median_{k}" in s)
+              + (f"; preemptions measured/simulated {s['preemptions']}" if "preemptions" in s else ""))
     for r in result["configurations"]:
         m, c = r["measured"], r["calibrated"]
         print(f"  C={r['concurrency']:>2} I={r['isl']:>4} O={r['osl']:>3}: TTFT {m['ttft_ms']:7.0f} vs "

@@ -112,12 +112,20 @@ def test_per_operator_table_is_the_loo_matrix(gpu, page):
 
 
 def test_serving_and_plugin_figures_are_their_runs_of_record():
-    """The machine-dependent rows quote the committed runs of record (serving.json, plugin.json)."""
+    """The machine-dependent rows quote the committed runs of record (serving.json, serving_kv_bound.json,
+    plugin.json)."""
     cal = _json("serving.json")["summary"]["calibrated"]
     n = cal["configurations"]
     assert (f"TPOT {cal['tpot_within_15pct']}/{n} (MAPE {100 * cal['tpot_ms']['mape']:.1f} %), "
             f"TTFT {cal['ttft_within_25pct']}/{n} ({100 * cal['ttft_ms']['mape']:.1f} %)") in _status_row(
         "serving vs a real vLLM-CPU server")
+    kv = _json("serving_kv_bound.json")["summary"]["calibrated"]
+    row = _status_row("serving with a KV cache too small")
+    measured, simulated = zip(*kv["preemptions"], strict=True)
+    assert f"preemptions {_join(measured, '.0f')} measured, {_join(simulated, '.0f')} simulated" in row
+    n = kv["configurations"]
+    assert (f"calibrated TTFT {kv['ttft_within_25pct']}/{n} (MAPE {100 * kv['ttft_ms']['mape']:.1f} %), "
+            f"TPOT {kv['tpot_within_15pct']}/{n} ({100 * kv['tpot_ms']['mape']:.1f} %") in row
     p = _json("plugin.json")
     assert (f"| {100 * p['median_abs_error_corrected']:.1f} %; {100 * p['overhead_fraction_median']:.2f} % of a step |"
             in _status_row("live plugin"))
