@@ -235,24 +235,31 @@ def _fit_nnls_counts(pred, cal: list) -> Callable:
     return _fit_nnls(pred, cal, counts=True)
 
 
-def _replay(steps: list[dict]):
+def _replay(steps: list[dict], pred=None):
     """Step seconds from a run's own measured steps: the median of those with the same prefill tokens and
-    decodes, else the nearest shape (log distance)."""
+    decodes; a shape the run never had takes the nearest shape's (log distance), scaled by the predictor's ratio
+    of the two (``pred``; unscaled without one) — a 1,024-token prefill is not priced as a 2,048-token one."""
     import numpy as np
 
-    by: dict[tuple[int, int], list[float]] = {}
+    by: dict[tuple[int, int], list[dict]] = {}
     for r in steps:
-        by.setdefault((int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])), []).append(float(r["measured_s"]))
+        by.setdefault((int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])), []).append(r)
     keys = list(by)
-    med = {k: float(np.median(v)) for k, v in by.items()}
+    med = {k: float(np.median([r["measured_s"] for r in v])) for k, v in by.items()}
     ka = np.log1p(np.array(keys, dtype=float))
+    predicted: dict[tuple[int, int], float] = {}
 
-    def time_of(_pred, step) -> float:
+    def time_of(p, step) -> float:
         k = (step.num_prefill_tokens, step.num_decode_tokens)
         if k in med:
             return med[k]
-        d = np.abs(ka - np.log1p(np.array(k, dtype=float))).sum(axis=1)
-        return med[keys[int(d.argmin())]]
+        near = keys[int(np.abs(ka - np.log1p(np.array(k, dtype=float))).sum(axis=1).argmin())]
+        if pred is None:
+            return med[near]
+        if near not in predicted:  # the nearest shape's median step, predicted as the scored steps are
+            rec = sorted(by[near], key=lambda r: r["measured_s"])[len(by[near]) // 2]
+            predicted[near] = pred.predict(_step_of(rec), f_clk=1.0).total_s
+        return med[near] * p.total_s / predicted[near]
 
     return time_of
 
@@ -279,7 +286,7 @@ def _poisson_check(workdir: Path, meta: dict, trace: list[dict], spec, pred, kv_
     meas = {"ttft_ms": float(cl["mean_ttft_ms"]), "median_ttft_ms": float(cl["median_ttft_ms"]),
             "tpot_ms": float(cl["mean_tpot_ms"])}
     out: dict = {"requests": len(reqs), "request_rate": CALIBRATION.rate, "seeds": POISSON_SEEDS, "measured": meas}
-    for mode, corr in (("replayed", _replay(steps)), ("calibrated_in_sample", correction)):
+    for mode, corr in (("replayed", _replay(steps, pred)), ("calibrated_in_sample", correction)):
         vals = []
         for seed in range(POISSON_SEEDS):
             cfg = ServingConfig(concurrency=len(reqs), num_prompts=len(reqs), kv_tokens=kv_tokens,
@@ -360,7 +367,7 @@ def score(workdir: Path) -> dict:
                             # on prompts of their own and send none
                             clock="boost", test_run_cached=not kv_blocks,
                             tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S)
-        replay = _replay(steps)
+        replay = _replay(steps, pred)
         for mode, corr in (("raw", None), ("calibrated", correction), ("replayed", replay)):
             sim = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
             d = {"ttft_ms": sim.ttft_ms, "tpot_ms": sim.tpot_ms, "output_tokens_per_s": sim.output_tokens_per_s,
