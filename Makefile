@@ -50,6 +50,7 @@ bench-ranking: venv
 bench-plugin: venv
 	$(BIN)/python bench/plugin.py --out results/plugin.json
 	$(BIN)/python bench/plugin_cost.py --out results/plugin_cost.json
+	$(BIN)/python bench/plugin_stalls.py --out results/plugin_stalls.json
 
 bench-admission: venv servers
 	$(BIN)/python bench/admission.py --out results/admission.json

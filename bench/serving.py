@@ -114,16 +114,18 @@ def write_dataset(path: Path, n: int, shapes: list[tuple[int, int]], seed: int) 
 
 
 def run_closed_loop(server: Server, dataset: Path, n: int, c: int, out_dir: Path,
-                    warmups: int | None = None) -> dict:
+                    warmups: int | None = None, detailed: bool = False) -> dict:
     """``vllm bench serve`` in closed loop at ``c`` in flight over ``n`` requests of ``dataset``; ``warmups``
-    requests first (default ``c``: the serving bench's warm-ups; 0 where the server's work is being counted)."""
+    requests first (default ``c``: the serving bench's warm-ups; 0 where the server's work is being counted);
+    ``detailed``: each request's inter-token latencies too (``itls``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [PY, "-c", CLIENT, "--backend", "vllm", "--host", "127.0.0.1", "--port", str(server.port),
            "--model", SERVED_NAME, "--tokenizer", str(server.model_dir), "--dataset-name", "custom",
            "--dataset-path", str(dataset), "--custom-output-len", "-1", "--skip-chat-template", "--ignore-eos",
            "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
            "--num-warmups", str(c if warmups is None else warmups), "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", "client.json", "--disable-tqdm"]
+           "--save-result", "--result-dir", str(out_dir), "--result-filename", "client.json", "--disable-tqdm",
+           *(["--save-detailed"] if detailed else [])]
     with open(out_dir / "client.log", "w") as log:
         proc = subprocess.run(cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT, timeout=900, cwd=out_dir)
     if proc.returncode != 0:
