@@ -14,8 +14,11 @@ the four projections' GEMMs run at and how their inputs are scaled:
 - anything else quantised (int4 / int8 weights, MXFP4, NVFP4, ...) is a kernel family m2live has no constants
   for: it is priced as bf16 weights, and ``why`` says so.
 
-``model_weights(model)``: the same from a model as the commands take it (a checkpoint's config.json, or its Hugging
-Face id's "FP8"): ``predict``, ``simulate`` and ``rank`` use it when ``--precision`` is not given.
+``model_weights(model)``: the same from a model as the commands take it (a checkpoint's config.json — or, for
+ModelOpt exports before 0.31, the ``hf_quant_config.json`` beside it, as vLLM reads it — or its Hugging Face id's
+"FP8"): ``predict``, ``simulate`` and ``rank`` use it when ``--precision`` is not given; ``model_kv_cache_dtype``
+resolves their ``--kv-cache-dtype auto`` as vLLM 0.32 does (a ModelOpt checkpoint that names an fp8 KV cache
+runs one).
 
 numpy-free and vLLM-free: the plugin's adapter hands in what vLLM resolved.
 """
@@ -116,23 +119,57 @@ def weights_for(precision: str | None, model: object, what: str = "--precision")
     return WeightFormat(p, "static", f"{what} {p}")
 
 
+# the quant_method vLLM 0.32 gives a ModelOpt export by its algorithm (model_arch_config_convertor)
+MODELOPT_METHODS = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+                    "NVFP4": "modelopt_fp4"}
+
+
+def checkpoint_quant_config(model: object) -> tuple[dict | None, str]:
+    """A checkpoint's quantization config as vLLM 0.32 reads it (``transformers_utils/config.py``): config.json's
+    ``quantization_config``, else the ``hf_quant_config.json`` beside it (ModelOpt before 0.31), with the
+    ``quant_method`` vLLM gives a ModelOpt export that names its producer but no method
+    (``model_arch_config_convertor``: "modelopt" for its FP8 algorithms). (None, "") for a model that is not a
+    readable checkpoint on disk; else (the config or None, the file it came from)."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None, ""
+    path = Path(model) / "config.json" if Path(model).is_dir() else Path(model)
+    if not path.is_file():
+        return None, ""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None, ""  # get_model says what is wrong with the file
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    where = path.name
+    sidecar = path.parent / "hf_quant_config.json"
+    if qc is None and sidecar.is_file():
+        try:
+            qc = json.loads(sidecar.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            qc = None
+        where = sidecar.name
+    if not isinstance(qc, dict):
+        return None, path.name
+    inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else {}
+    producer = qc.get("producer") if isinstance(qc.get("producer"), dict) else {}
+    algo = str(inner.get("quant_algo", "")).upper()
+    if not qc.get("quant_method") and producer.get("name") == "modelopt" and algo in MODELOPT_METHODS:
+        qc = {**qc, "quant_method": MODELOPT_METHODS[algo]}
+    return qc, where
+
+
 def model_weights(model: object) -> WeightFormat:
-    """The weights' format a model given as the commands take it says of itself: a checkpoint's config.json (a
-    path to it or to its directory) by its ``quantization_config``; a Hugging Face id by its name — an "FP8"
-    word is vLLM's fp8 (``-FP8-dynamic``: dynamic input scales; NVIDIA's and RedHat's plain ``-FP8``: static,
-    calibrated ones); anything else (a preset, a ModelShape) bf16."""
+    """The weights' format a model given as the commands take it says of itself: a checkpoint on disk (its
+    config.json, a path to it or to its directory) by its quantization config (``checkpoint_quant_config``); a
+    Hugging Face id by its name — an "FP8" word is vLLM's fp8 (``-FP8-dynamic``: dynamic input scales; NVIDIA's
+    and RedHat's plain ``-FP8``: static, calibrated ones); anything else (a preset, a ModelShape) bf16."""
     if not isinstance(model, (str, os.PathLike)):
         return WeightFormat()  # a ModelShape: shapes only
     s = str(model)
-    path = Path(s) / "config.json" if Path(s).is_dir() else Path(s)
-    if path.is_file():
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return WeightFormat()  # get_model says what is wrong with the file
-        qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    qc, where = checkpoint_quant_config(model)
+    if where:
         w = weight_format(qc)
-        return replace(w, why=f"{path.name}: {w.why}") if qc else w
+        return replace(w, why=f"{where}: {w.why}") if qc else w
     words = set(re.split(r"[-_\s]", s.split("/")[-1].lower()))
     if "fp8" in words:
         scale = "dynamic" if "dynamic" in words else "static"
@@ -157,3 +194,34 @@ def kv_cache_dtype_of(kv_cache_dtype: str | None) -> str:
 def kv_cache_bytes(kv_cache_dtype: str | None) -> int | None:
     """Bytes per KV-cache element of a vLLM ``kv_cache_dtype`` (None: "auto", the model's dtype)."""
     return KV_CACHE_BYTES[kv_cache_dtype_of(kv_cache_dtype)]
+
+
+def checkpoint_kv_cache(quant_config: dict | None) -> str | None:
+    """The KV-cache dtype a checkpoint's quantization config names, as vLLM 0.32 reads it
+    (``utils/torch_utils.get_kv_cache_quant_algo_string``: ModelOpt exports only — ``kv_cache_scheme`` or
+    ``kv_cache_quant_algo``, at the top or under ``quantization``): "fp8" for FP8 (or a static 8-bit float
+    scheme); None where it names none, or one m2live does not price (NVFP4: the model's dtype is priced)."""
+    qc = quant_config if isinstance(quant_config, dict) else {}
+    if not str(qc.get("quant_method") or "").lower().startswith("modelopt"):
+        return None
+    inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+    algo = (inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+            or qc.get("kv_cache_quant_algo"))
+    if isinstance(algo, dict):
+        algo = "fp8" if (algo.get("dynamic") is False and algo.get("num_bits") == 8
+                         and str(algo.get("type", "")).lower() == "float") else None
+    return "fp8" if isinstance(algo, str) and algo.strip().lower() == "fp8" else None
+
+
+def model_kv_cache_dtype(kv_cache_dtype: str | None, model: object) -> tuple[str, str]:
+    """The KV-cache dtype a command prices, and why: ``kv_cache_dtype`` (vLLM's ``--kv-cache-dtype``) unless it
+    is "auto"; "auto" as vLLM 0.32 resolves it (``resolve_kv_cache_dtype_string``) — fp8 where the checkpoint on
+    disk is a ModelOpt export that names an fp8 KV cache (NVIDIA's FP8 checkpoints may: vLLM then runs one without
+    being asked), else the model's own dtype. A Hugging Face id alone says nothing of its KV cache: "auto"."""
+    kv = kv_cache_dtype_of(kv_cache_dtype)
+    if kv != "auto":
+        return kv, f"--kv-cache-dtype {kv}"
+    qc, where = checkpoint_quant_config(model)
+    if checkpoint_kv_cache(qc) == "fp8":
+        return "fp8", f"{where}: a ModelOpt checkpoint with an fp8 KV cache (vLLM's auto takes it)"
+    return "auto", "the model's dtype"

@@ -303,3 +303,71 @@ def test_rank_prices_an_fp8_kv_cache_and_says_so():
     ma, mb = a["ranking"][0]["memory"], b["ranking"][0]["memory"]
     assert mb["kv_bytes_per_token"] * 2 == ma["kv_bytes_per_token"]
     assert mb["kv_tokens"] >= 2 * ma["kv_tokens"]
+
+
+def _checkpoint(tmp_path, name: str, quantization_config: dict | None = None, sidecar: dict | None = None):
+    """A checkpoint directory of tiny-llama's shapes: its config.json (with ``quantization_config``) and, as
+    ModelOpt before 0.31 exported, an ``hf_quant_config.json`` beside it (``sidecar``)."""
+    import json
+
+    cfg = json.loads((MODELS / "tiny-llama" / "config.json").read_text())
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**cfg, **({"quantization_config": quantization_config}
+                                                          if quantization_config else {})}))
+    if sidecar is not None:
+        (d / "hf_quant_config.json").write_text(json.dumps(sidecar))
+    return d
+
+
+MODELOPT_LEGACY_KV = {"producer": {"name": "modelopt", "version": "0.15.1"},
+                      "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+
+
+@pytest.mark.parametrize("qc, sidecar, weights, kv", [
+    (None, MODELOPT_LEGACY_KV, ("fp8", "static"), "fp8"),  # ModelOpt before 0.31: the sidecar file
+    (None, {**MODELOPT_LEGACY_KV, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}},
+     ("fp8", "static"), "auto"),
+    ({**MODELOPT_FP8, "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, None,
+     ("fp8", "static"), "fp8"),
+    ({**MODELOPT_FP8, "kv_cache_quant_algo": "FP8"}, None, ("fp8", "static"), "fp8"),
+    (MODELOPT_FP8, None, ("fp8", "static"), "auto"),
+    ({**MODELOPT_NVFP4, "kv_cache_quant_algo": "FP8"}, None, ("bf16", "static"), "fp8"),  # weights not modelled
+    ({**CT_FP8_STATIC, "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, None,
+     ("fp8", "static"), "auto"),  # vLLM 0.32 promotes ModelOpt exports only
+    (None, None, ("bf16", "static"), "auto"),
+])
+def test_auto_kv_cache_dtype_is_the_checkpoints_as_vllm_resolves_it(tmp_path, qc, sidecar, weights, kv):
+    """``--kv-cache-dtype auto`` as vLLM 0.32 resolves it (``resolve_kv_cache_dtype_string``): a ModelOpt
+    checkpoint that names an fp8 KV cache runs one; a given dtype is kept; an id without a file says nothing."""
+    from m2live.quantization import model_kv_cache_dtype, model_weights
+
+    d = _checkpoint(tmp_path, "ckpt", qc, sidecar)
+    w = model_weights(d)
+    assert (w.precision, w.act_scale) == weights
+    assert model_kv_cache_dtype("auto", d)[0] == kv
+    assert model_kv_cache_dtype(None, d / "config.json")[0] == kv
+    assert model_kv_cache_dtype("bfloat16", d) == ("bfloat16", "--kv-cache-dtype bfloat16")
+    assert model_kv_cache_dtype("auto", "nvidia/Llama-3.1-8B-Instruct-FP8")[0] == "auto"
+
+
+def test_simulate_predict_and_rank_take_the_checkpoints_fp8_kv_cache(tmp_path):
+    """A ModelOpt FP8 checkpoint that names an fp8 KV cache, given as a directory: simulate holds twice the cache
+    tokens and says why, predict streams half the KV bytes, rank reports fp8; --kv-cache-dtype still wins."""
+    import json
+
+    from conftest import run
+
+    d = _checkpoint(tmp_path, "ckpt", None, MODELOPT_LEGACY_KV)
+    sim = ["simulate", "--model", str(d), "--gpu", "h100-sxm", "--isl", "512", "--osl", "16", "--concurrency", "2",
+           "--json"]
+    auto, given = (json.loads(run(*sim, *x).stdout) for x in ([], ["--kv-cache-dtype", "bfloat16"]))
+    assert auto["assumptions"]["kv_cache_dtype"] == "fp8" and given["assumptions"]["kv_cache_dtype"] == "bfloat16"
+    assert "ModelOpt" in auto["assumptions"]["kv_cache_dtype_why"]
+    assert auto["memory"]["kv_tokens"] == pytest.approx(2 * given["memory"]["kv_tokens"], rel=1e-3)
+    step = ["predict", "--gpu", "h100-sxm", "--model", str(d), "--decode", "8000x32", "--json"]
+    d8, d16 = (json.loads(run(*step, *x).stdout)["ops"]["attn_decode"] for x in ([], ["--kv-cache-dtype", "bf16"]))
+    assert d8 < 0.7 * d16
+    r = run("rank", "--model", str(d), "--workload", "chat", "--tp", "1", "--gpus", "h100-sxm", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["assumptions"]["kv_cache_dtype"] == "fp8"

@@ -13,7 +13,7 @@ from .. import limits
 from ..calibrate import load_for
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
-from ..quantization import KV_CACHE_BYTES, weights_for
+from ..quantization import KV_CACHE_BYTES, model_kv_cache_dtype, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
 
@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     w = weights_for(args.precision, args.model)
     p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **load_for(args.calibration, args.gpu),
-                          dtype=w.precision, act_scale=w.act_scale, kv_cache_dtype=args.kv_cache_dtype,
+                          dtype=w.precision, act_scale=w.act_scale,
+                          kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if beyond := tp_beyond_node(p.gpu, tp):
         raise ValueError(beyond)

@@ -8,7 +8,7 @@ import re
 
 from ..hardware import all_gpus, get_gpu
 from ..planner import PlanConfig, PlanError
-from ..quantization import weights_for
+from ..quantization import model_kv_cache_dtype, weights_for
 from ..serving_config import parse_switch
 from ..validate import positive_float
 
@@ -96,7 +96,7 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
                       max_batched_tokens=pos_int(args.max_batched_tokens, "--max-batched-tokens"),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
                       constants=calibrated_constants(args.calibration, gpus), precision=w.precision,
-                      act_scale=w.act_scale, kv_cache_dtype=args.kv_cache_dtype,
+                      act_scale=w.act_scale, kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],
                       async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
                       allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
 

@@ -22,10 +22,12 @@ default of recent vLLM; ``--async-scheduling off`` for a server that runs withou
 default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
 steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
 server each way and 3 ms of the API server's serial work per request, plus 2.5 us per prompt token of tokenising.
-KV cache: the model's dtype unless ``--kv-cache-dtype fp8`` (a batch file's ``kv_cache_dtype`` cell): one byte per
-element, priced by its bytes.
+KV cache: the model's dtype unless ``--kv-cache-dtype fp8`` (a batch file's ``kv_cache_dtype`` cell) or, as vLLM
+0.32 resolves ``auto``, a ModelOpt checkpoint on disk that names an fp8 KV cache: one byte per element, priced by
+its bytes.
 Weights: ``--precision`` (a batch file's ``precision`` cell) when given, else the checkpoint's — its config.json's
-``quantization_config``, or an "FP8" in its Hugging Face id (``-FP8-dynamic``: dynamic input scales) — else bf16.
+``quantization_config`` (or ModelOpt's older ``hf_quant_config.json`` beside it), or an "FP8" in its Hugging Face
+id (``-FP8-dynamic``: dynamic input scales) — else bf16.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
-from ..quantization import kv_cache_dtype_of, precision_of, weights_for
+from ..quantization import kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
@@ -217,7 +219,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         constants = load_for(calibration, gpu)
     d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
     graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
-    kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
+    kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
     key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion,
            kv_cache_dtype)
     pred = _PREDICTORS.get(key)
@@ -244,6 +246,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         request_rate=request_rate, seed=seed)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
+    r.assumptions["kv_cache_dtype_why"] = kv_why
     r.assumptions["calibration"] = str(calibration) if calibration else None  # None: the family's constants
     return r
 
@@ -320,7 +323,8 @@ def print_result(r: ServingResult) -> None:
             f"request + {a['tokenize_us_per_prompt_token']:g} us per prompt token, prefix caching on (prompts "
             f"shared: {a['prefix_caching_hits'] or 'none'})"
             + (f", calibration {a['calibration']}" if a.get("calibration") else "")
-            + (f", KV cache {a['kv_cache_dtype']}" if a.get("kv_cache_dtype", "auto") != "auto" else ""))
+            + (f", KV cache {a['kv_cache_dtype']} ({a['kv_cache_dtype_why']})" if a.get("kv_cache_dtype", "auto")
+               != "auto" else ""))
 
 
 def run_batch(args: argparse.Namespace) -> int:
