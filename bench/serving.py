@@ -269,7 +269,7 @@ def _replay(steps: list[dict], pred=None):
 POISSON_SEEDS = 8
 
 
-def _poisson_check(workdir: Path, meta: dict, trace: list[dict], spec, pred, kv_tokens: int, correction) -> dict:
+def _poisson_check(workdir: Path, meta: dict, trace: list[dict], spec, pred, cache: dict, correction) -> dict:
     """The open loop (simulate's request_rate) against the real server's Poisson calibration run: the same 48
     requests (lognormal prompts, mixed outputs) at the same rate, no concurrency cap; replayed (that run's own step
     times: the scheduler and arrivals alone) and calibrated (in-sample here: the correction was trained on these very
@@ -291,8 +291,8 @@ def _poisson_check(workdir: Path, meta: dict, trace: list[dict], spec, pred, kv_
     for mode, corr in (("replayed", _replay(steps, pred)), ("calibrated_in_sample", correction)):
         vals = []
         for seed in range(POISSON_SEEDS):
-            cfg = ServingConfig(concurrency=len(reqs), num_prompts=len(reqs), kv_tokens=kv_tokens,
-                                block_size=CPU_BLOCK_SIZE, clock="boost", tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S,
+            cfg = ServingConfig(concurrency=len(reqs), num_prompts=len(reqs), **cache, block_size=CPU_BLOCK_SIZE,
+                                clock="boost", tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S,
                                 request_rate=CALIBRATION.rate, seed=seed)
             r = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
             vals.append({"ttft_ms": r.ttft_ms, "median_ttft_ms": r.percentiles["ttft_ms"]["median"],
@@ -321,8 +321,9 @@ def score(workdir: Path) -> dict:
     threads = vllm_cpu_threads()  # the engine's, not this process's (2 on 2 cores: priced the steps 2x fast)
     spec = cpu_device(model=shape, threads=threads)  # on the served model's shapes, as the plugin's CPU device
     pred = Predictor(spec, shape, constants=device_constants(shape, threads=threads))
-    kv_blocks = meta.get("kv_blocks")
-    kv_tokens = kv_blocks * CPU_BLOCK_SIZE if kv_blocks else KV_GIB * 2**30 // pred.model.kv_bytes_per_token()
+    kv_blocks = meta.get("kv_blocks")  # the server's cache as it was sized: the block override, or the GiB given
+    cache = ({"num_gpu_blocks": kv_blocks} if kv_blocks
+             else {"kv_tokens": int(KV_GIB * 2**30 // pred.model.kv_bytes_per_token())})
     # the calibrated mode: a correction of the CPU device's predictions trained on the calibration workloads'
     # steps only (the Poisson mix, then the closed loop of a few recurring shapes) — the plugin's online correction
     # (ResidualTracker) or a non-negative linear fit over the same features, whichever predicts held-out steps
@@ -364,7 +365,7 @@ def score(workdir: Path) -> dict:
                "measured_p99_itl_ms": float(cl.get("p99_itl_ms", float("nan")))}
         if "preemptions" in run:
             row["measured_preemptions"] = run["preemptions"]
-        cfg = ServingConfig(concurrency=c, num_prompts=n, kv_tokens=int(kv_tokens), block_size=CPU_BLOCK_SIZE,
+        cfg = ServingConfig(concurrency=c, num_prompts=n, **cache, block_size=CPU_BLOCK_SIZE,
                             # --num-warmups C send the first prompt first (cached); the KV-bound runs warm up
                             # on prompts of their own and send none
                             clock="boost", test_run_cached=not kv_blocks,
@@ -382,7 +383,8 @@ def score(workdir: Path) -> dict:
             row[mode] = d
         rows.append(row)
 
-    poisson = _poisson_check(workdir, meta, trace, spec, pred, int(kv_tokens), correction)
+    poisson = _poisson_check(workdir, meta, trace, spec, pred, cache, correction)
+    kv_tokens = sim.assumptions["kv_cache_tokens"]
 
     def summary(mode: str) -> dict:
         out = {}

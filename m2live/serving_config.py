@@ -128,6 +128,9 @@ class ServingConfig:
     request_rate: float | None = None
     seed: int = 0  # of that schedule
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
+    # vLLM's --num-gpu-blocks-override: the cache is this many blocks of block_size (one the null block), whatever
+    # the memory leaves; exclusive with kv_tokens
+    num_gpu_blocks: int | None = None
     # vllm bench serve sends the first request's prompt before the timed run when asked — its initial test run
     # (--ready-check-timeout-sec > 0; older releases always sent it) or --num-warmups copies of it — and vLLM V1
     # caches prefixes by default: the first timed request then finds its prompt's full blocks cached and prefills
@@ -141,12 +144,15 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
-                     "kv_tokens"):
+                     "kv_tokens", "num_gpu_blocks"):
             v = getattr(self, name)
             if v is None and name != "concurrency":
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SimulationError(f"{name} must be a positive integer, got {v!r}")
+        if self.kv_tokens is not None and self.num_gpu_blocks is not None:
+            raise SimulationError("kv_tokens (--kv-cache-gib) and num_gpu_blocks (--num-gpu-blocks-override) both size "
+                                  "the KV cache: give one")
         requests = self.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * self.concurrency
         if requests > MAX_REQUESTS:
             raise SimulationError(f"{requests} requests ({'num_prompts' if self.num_prompts else '10 x concurrency'})"

@@ -91,7 +91,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,
             "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "block_size": bs, "kv_cache_tokens": kv_tokens,
-            "kv_cache_sized_by": "memory" if cfg.kv_tokens is None else "given",  # --kv-cache-gib / block override
+            "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched,
             # recompute, less what a re-admitted request finds of its own prefix in the prefix cache (on by default)

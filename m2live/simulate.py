@@ -109,8 +109,11 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     outputs = request_lengths(osl, n, "osl")
     longest = int((prompts + outputs).max())
     mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
-    kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
+    if cfg.num_gpu_blocks is not None:
+        kv_tokens = cfg.num_gpu_blocks * bs
+    else:
+        kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
     if blocks < -(-longest // bs):
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "

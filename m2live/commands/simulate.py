@@ -53,8 +53,6 @@ from ..quantization import kv_cache_dtype_of, model_kv_cache_dtype, precision_of
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
-    BLOCK_SIZE,
-    CPU_BLOCK_SIZE,
     ServingConfig,
     ServingResult,
     SimulationError,
@@ -233,12 +231,9 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
-    if num_gpu_blocks is not None:
-        if kv_gib is not None:
-            raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override both size the KV cache: give one")
-        kv_tokens = num_gpu_blocks * (CPU_BLOCK_SIZE if gpu.arch == "cpu" else BLOCK_SIZE)
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
-                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, clock=clock, test_run_cached=test_run,
+                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, num_gpu_blocks=num_gpu_blocks, clock=clock,
+                        test_run_cached=test_run,
                         async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
