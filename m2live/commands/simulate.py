@@ -38,7 +38,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -172,31 +172,29 @@ def _nonneg_float(text: object, what: str) -> float:
     return v
 
 
-def _utilization(text: str | None) -> float | None:
-    """--gpu-memory-utilization: None when unset, else a share in (0, 1]."""
-    if text is None:
-        return None
-    try:
-        v = float(str(text).strip())
-    except ValueError:
-        v = math.nan
-    if not 0 < v <= 1:
-        raise SimulationError(f"--gpu-memory-utilization must be in (0, 1], got {text!r}")
-    return v
-
-
-def _rate(text: str | None, what: str = "--request-rate") -> float | None:
-    """A request rate (the flag or a batch cell): None when blank or unset, inf (the closed loop), or a positive
-    number of requests/s."""
+def _opt_float(text: object, what: str, ok: Callable[[float], bool], want: str) -> float | None:
+    """A number from a flag or a batch cell: None when blank or unset, else the value ``ok`` accepts (never NaN,
+    nor text that is no number) or one line saying it must be ``want``."""
     if text is None or not str(text).strip():
         return None
     try:
         v = float(str(text).strip())
     except ValueError:
         v = math.nan
-    if not v > 0:  # NaN too; inf (or a number past float's range) is the closed loop
-        raise SimulationError(f"{what} must be a positive number of requests/s (or inf), got {text!r}")
+    if not ok(v):
+        raise SimulationError(f"{what} must be {want}, got {text!r}")
     return v
+
+
+def _utilization(text: str | None) -> float | None:
+    """--gpu-memory-utilization: None when unset, else a share in (0, 1]."""
+    return _opt_float(text, "--gpu-memory-utilization", lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def _rate(text: str | None, what: str = "--request-rate") -> float | None:
+    """A request rate (the flag or a batch cell): None when blank or unset, inf (the closed loop: so is a number
+    past float's range), or a positive number of requests/s."""
+    return _opt_float(text, what, lambda v: v > 0, "a positive number of requests/s (or inf)")
 
 
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
