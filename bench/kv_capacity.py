@@ -1,4 +1,4 @@
-"""The KV-cache sizing (planner.memory.memory_fit, what `simulate` serves from) against public vLLM start-up logs
+"""The KV-cache sizing (serving_config.kv_capacity, what `simulate` serves from) against public vLLM start-up logs
 → results/kv_capacity.json.
 
 vLLM sizes its KV cache once at start-up: gpu_memory_utilization x the memory CUDA reports, less the weights, the
@@ -21,10 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from m2live.hardware import get_gpu  # noqa: E402
-from m2live.planner import PlanConfig, memory_fit  # noqa: E402
-from m2live.serving_config import GPU_MEMORY_UTILIZATION  # noqa: E402
+from m2live.serving_config import GPU_MEMORY_UTILIZATION, ServingConfig, kv_capacity  # noqa: E402
 from m2live.shapes import ModelShape, get_model  # noqa: E402
-from m2live.workload import preset  # noqa: E402
 
 GIB = 2**30
 
@@ -79,12 +77,11 @@ POINTS: list[dict] = [
 
 
 def fit_gib(p: dict, utilization: float) -> tuple[float, int]:
-    """(KV cache GiB, tokens) the memory fit leaves at ``utilization``."""
+    """(KV cache GiB, tokens) that ``simulate`` serves from at ``utilization`` (serving_config.kv_capacity)."""
     shard = replace(p["model"].sharded(p["tp"]), kv_dtype_bytes=p["kv_bytes"])
-    cfg = PlanConfig(max_num_seqs=p["max_num_seqs"], max_batched_tokens=p["max_num_batched_tokens"],
-                     reserve_fraction=1.0 - utilization)
-    fit = memory_fit(get_gpu(p["gpu"]), shard, preset("chat").stats(), cfg, p["precision"])
-    return fit.kv_bytes / GIB, fit.kv_tokens
+    mem = kv_capacity(get_gpu(p["gpu"]), shard, p["max_num_batched_tokens"], p["max_num_seqs"],
+                      ServingConfig(concurrency=1, gpu_memory_utilization=utilization), 1, p["precision"])
+    return mem["kv_cache_gb"] * 1e9 / GIB, mem["kv_tokens"]
 
 
 def run_point(p: dict) -> dict:
