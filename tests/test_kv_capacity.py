@@ -9,12 +9,8 @@ from conftest import REPO, load_script
 BENCH = REPO / "bench" / "kv_capacity.py"
 
 
-def _bench():
-    return load_script(BENCH)
-
-
 def test_start_up_logs_are_within_five_percent():
-    mod = _bench()
+    mod = load_script(BENCH)
     points = [mod.run_point(p) for p in mod.POINTS]
     scored = [p for p in points if "error" in p]
     assert len(scored) >= 3

@@ -9,12 +9,8 @@ from conftest import REPO, load_script
 BENCH = REPO / "bench" / "public_serving.py"
 
 
-def _bench():
-    return load_script(BENCH)
-
-
 def test_published_gpu_serving_tpot_stays_within_its_floor_and_ttft_is_short_as_reported():
-    mod = _bench()
+    mod = load_script(BENCH)
     points = [mod.run_point(p) for p in mod.POINTS]
     in_scope = [p for p in points if "scope" not in p]
     tpot = [abs(r["tpot_error"]) for p in in_scope for r in p["runs"]]
@@ -30,7 +26,7 @@ def test_the_api_server_bound_run_is_missed_the_way_the_readme_says():
     simulator does not model: it comes out with a TTFT far short and a TPOT long (the simulated engine gets the
     requests faster than the server hands them over). A change that closes this should come with the API server's
     model."""
-    mod = _bench()
+    mod = load_script(BENCH)
     out = [mod.run_point(p) for p in mod.POINTS if p.get("scope") == "API-server bound"]
     assert len(out) == 1
     (r,) = out[0]["runs"]
