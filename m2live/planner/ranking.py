@@ -311,7 +311,9 @@ class Ranking:
                 "clock": c.clock, "precision": c.precision, "act_scale": c.act_scale,
                 "kv_cache_dtype": c.kv_cache_dtype,
                 "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
-                "memory_reserve_fraction": c.reserve_fraction, "memory_reserve_gib": None if c.reserve_bytes is None else c.reserve_bytes / GIB,  # None: by TP, below
+                "memory_reserve_fraction": c.reserve_fraction,
+                # None: by TP, as memory_reserve says
+                "memory_reserve_gib": None if c.reserve_bytes is None else c.reserve_bytes / GIB,
                 "memory_reserve": reserve_label(c.reserve_bytes),
                 "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
                 else c.async_scheduling,
