@@ -237,10 +237,10 @@ def _fit_nnls_counts(pred, cal: list) -> Callable:
     return _fit_nnls(pred, cal, counts=True)
 
 
-def _replay(steps: list[dict], pred=None):
+def _replay(steps: list[dict], pred):
     """Step seconds from a run's own measured steps: the median of those with the same prefill tokens and
-    decodes; a shape the run never had takes the nearest shape's (log distance), scaled by the predictor's ratio
-    of the two (``pred``; unscaled without one) — a 1,024-token prefill is not priced as a 2,048-token one."""
+    decodes; a shape the run never had takes the nearest shape's (log distance), scaled by ``pred``'s ratio of
+    the two — a 1,024-token prefill is not priced as a 2,048-token one."""
     import numpy as np
 
     by: dict[tuple[int, int], list[dict]] = {}
@@ -256,8 +256,6 @@ def _replay(steps: list[dict], pred=None):
         if k in med:
             return med[k]
         near = keys[int(np.abs(ka - np.log1p(np.array(k, dtype=float))).sum(axis=1).argmin())]
-        if pred is None:
-            return med[near]
         if near not in predicted:  # the nearest shape's median step, predicted as the scored steps are
             rec = sorted(by[near], key=lambda r: r["measured_s"])[len(by[near]) // 2]
             predicted[near] = pred.predict(_step_of(rec), f_clk=1.0).total_s
