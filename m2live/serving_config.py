@@ -22,6 +22,7 @@ GIB = 1024**3
 # 72.91 GiB)"); 0.9 before. Until 2026-12-06 m2live took 0.9.
 GPU_MEMORY_UTILIZATION = 0.92
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
+MAX_GPU_BLOCKS = 2**31 - 1  # vLLM's block tables hold int32 block ids
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 10  # num_prompts = 10 x C (e.g. InferenceMAX's sweeps)
 MAX_REQUESTS = 1_000_000  # requests in one simulated benchmark: the engine keeps per-request arrays
@@ -150,6 +151,9 @@ class ServingConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SimulationError(f"{name} must be a positive integer, got {v!r}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks > MAX_GPU_BLOCKS:
+            raise SimulationError(f"num_gpu_blocks {self.num_gpu_blocks} is more blocks than vLLM's block tables "
+                                  f"address (int32 block ids: at most {MAX_GPU_BLOCKS})")
         if self.kv_tokens is not None and self.num_gpu_blocks is not None:
             raise SimulationError("kv_tokens (--kv-cache-gib) and num_gpu_blocks (--num-gpu-blocks-override) both size "
                                   "the KV cache: give one")

@@ -275,6 +275,8 @@ def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
     assert free["assumptions"]["kv_cache_sized_by"] == "memory"
     assert small["steps"]["preemptions"] > 0 == free["steps"]["preemptions"]
     assert small["ttft_ms"] > 2 * free["ttft_ms"]
+    assert main([*base, "--num-gpu-blocks-override", str(2**31)]) == 2
+    assert "int32 block ids" in capsys.readouterr().err
     for extra, msg in ((["--kv-cache-gib", "3"], "give one"), (["--isl", "100000"], "cannot hold one request")):
         assert main([*base, "--num-gpu-blocks-override", "600", *extra]) == 2
         err = capsys.readouterr().err.strip()
