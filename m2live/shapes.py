@@ -48,6 +48,9 @@ class ModelShape:
     dtype_bytes: int = 2  # bf16 weights and activations
     tp: int = 1  # tensor-parallel degree this shape is sharded for
     kv_dtype_bytes: int = 0  # bytes per KV-cache element; 0: dtype_bytes (vLLM's kv_cache_dtype "auto")
+    # the longest request (prompt + output) vLLM serves it with: the config's context length as vLLM derives it
+    # (``context_length``); a --max-model-len past it is refused at start-up. None: not stated
+    max_context: int | None = None
 
     # --- per-GPU (sharded) dimensions --------------------------------------------------------------
     @property
@@ -157,6 +160,7 @@ class ModelShape:
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
             qk_norm=model_type in QK_NORM_MODEL_TYPES or "Qwen3ForCausalLM" in archs,
+            max_context=context_length(cfg),
         )
 
     @classmethod
@@ -173,20 +177,49 @@ class ModelShape:
         return cls.from_config(cfg, name=str(path))
 
 
-# Presets (numbers from each model's published config.json on the Hugging Face hub).
+# config.json keys that state a context length, as vLLM 0.32 reads them (model_arch_config_convertor.py,
+# derive_max_model_len_and_key): the smallest present counts, and Command-R's model_max_length wins when given
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# RoPE scalings whose config already states the scaled length (config/model.py, _get_and_verify_max_len); any other
+# with a ``factor`` (linear, dynamic) multiplies it
+ROPE_PRESCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def context_length(cfg: dict) -> int | None:
+    """The longest sequence vLLM serves a config.json's model with (its derived max_model_len; a tokenizer
+    config's model_max_length, which vLLM also reads, is not looked at): None where no key states one."""
+    lengths = [v for k in CONTEXT_KEYS if isinstance(v := cfg.get(k), (int, float)) and not isinstance(v, bool)
+               and v > 0]
+    if not lengths:
+        return None
+    length = float(cfg["model_max_length"]) if cfg.get("model_max_length") in lengths else float(min(lengths))
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict) and "gemma3" not in str(cfg.get("model_type")):
+        kind = rope.get("rope_type") or rope.get("type")
+        factor = rope.get("factor")
+        if kind not in ROPE_PRESCALED and isinstance(factor, (int, float)) and factor > 0:
+            length *= factor
+    return int(length)
+
+
+# Presets (numbers from each model's published config.json on the Hugging Face hub; max_context its
+# max_position_embeddings).
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in (
-        ModelShape("meta-llama/Llama-3.1-8B", 4096, 14336, 32, 32, 8, 128, 128256),
-        ModelShape("meta-llama/Llama-3.1-70B", 8192, 28672, 80, 64, 8, 128, 128256),
-        ModelShape("meta-llama/Llama-3.2-1B", 2048, 8192, 16, 32, 8, 64, 128256, tied_embeddings=True),
-        ModelShape("meta-llama/Llama-2-7b-hf", 4096, 11008, 32, 32, 32, 128, 32000),
-        ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256),
-        ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True),
-        ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768),
+        ModelShape("meta-llama/Llama-3.1-8B", 4096, 14336, 32, 32, 8, 128, 128256, max_context=131072),
+        ModelShape("meta-llama/Llama-3.1-70B", 8192, 28672, 80, 64, 8, 128, 128256, max_context=131072),
+        ModelShape("meta-llama/Llama-3.2-1B", 2048, 8192, 16, 32, 8, 64, 128256, tied_embeddings=True,
+                   max_context=131072),
+        ModelShape("meta-llama/Llama-2-7b-hf", 4096, 11008, 32, 32, 32, 128, 32000, max_context=4096),
+        ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256, max_context=8192),
+        # the base model's 131072 (Qwen2.5-7B-Instruct's config.json states 32768)
+        ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True, max_context=131072),
+        ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768, max_context=32768),
         # Qwen3 (config.json of Qwen/Qwen3-8B and Qwen/Qwen3-32B: head_dim 128 given explicitly, untied LM head)
-        ModelShape("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True),
-        ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True),
+        ModelShape("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True, max_context=40960),
+        ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True, max_context=40960),
     )
 }
 

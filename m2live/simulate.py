@@ -35,6 +35,7 @@ Modules: ``serving_config`` (the benchmark's configuration, vLLM's defaults, the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -108,6 +109,9 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     prompts = request_lengths(isl, n, "isl")
     outputs = request_lengths(osl, n, "osl")
     longest = int((prompts + outputs).max())
+    if shape.max_context is not None and longest > shape.max_context:
+        raise SimulationError(f"a request of {longest} tokens is longer than {shape.name}'s context "
+                              f"({shape.max_context} tokens): vLLM refuses a max_model_len past it")
     mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
     if cfg.num_gpu_blocks is not None:
@@ -116,8 +120,10 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
     if blocks < -(-longest // bs):
+        hint = ("" if cfg.num_gpu_blocks is not None or cfg.kv_tokens is not None
+                else starting_utilization_hint(mem, cfg.gpu_memory_utilization, longest, bs))
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "
-                              f"({longest} tokens): vLLM refuses to start with a max_model_len that long")
+                              f"({longest} tokens): vLLM refuses to start with a max_model_len that long{hint}")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s,
@@ -128,6 +134,19 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                      kv_tokens, bs, keep_requests)
+
+
+def starting_utilization_hint(mem: dict, utilization: float, longest: int, block_size: int) -> str:
+    """What a cache too small for one request at full length would take: the --gpu-memory-utilization at which
+    vLLM sizes it to hold one (the KV cache grows by the device's memory x the utilization's rise; vLLM keeps one
+    block aside), or that no utilization does."""
+    need_tokens = (-(-longest // block_size) + 1) * block_size
+    short = (need_tokens - mem["kv_tokens"]) * mem["kv_bytes_per_token"]
+    u = utilization + short / (mem["total_gb"] * 1e9)
+    u = math.ceil(u * 100 - 1e-9) / 100
+    if u > 1:
+        return "; not even all of the GPU's memory would hold it: more GPUs (--tp) or shorter requests"
+    return f" at --gpu-memory-utilization {utilization:g} (it would start at {u:.2f})"
 
 
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums

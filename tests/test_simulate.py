@@ -259,6 +259,59 @@ def test_gpu_memory_utilization_flag_sizes_the_kv_cache(capsys):
         assert "--gpu-memory-utilization must be in (0, 1]" in err and len(err.splitlines()) == 1
 
 
+def test_cache_too_small_for_one_request_names_the_utilization_that_starts(capsys):
+    """Llama-3.1-70B fp8 on one H100 at 8k + 1k: the default 0.92 leaves a cache short of one request, which vLLM
+    refuses at start-up; the one-line error names the --gpu-memory-utilization at which it would start, and that
+    share does start (a request far past the whole GPU's memory says so instead)."""
+    import json
+
+    base = ["simulate", "--model", L70, "--gpu", "h100-sxm", "--osl", "1024", "--concurrency", "4", "--precision",
+            "fp8", "--json"]
+    assert main([*base, "--isl", "8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "at --gpu-memory-utilization 0.92 (it would start at " in err
+    u = err.rsplit("it would start at ", 1)[1].rstrip(")")
+    assert 0.92 < float(u) < 0.95
+    assert main([*base, "--isl", "8192", "--gpu-memory-utilization", u]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["kv_cache_tokens"] >= 8192 + 1024 + 16
+    assert main([*base, "--isl", "8192", "--gpu-memory-utilization", f"{float(u) - 0.01:.2f}"]) == 2
+    capsys.readouterr()
+    assert main([*base, "--isl", "100000"]) == 2
+    assert "not even all of the GPU's memory" in capsys.readouterr().err
+
+
+def test_requests_past_the_models_context_are_refused_as_vllm_does(tmp_path, capsys):
+    """The context length as vLLM derives it from config.json (the smallest of its length keys, Command-R's
+    model_max_length first, a linear or dynamic RoPE factor applied, Llama 3's and YaRN's already in the number);
+    a request past it is one line, exit 2, from simulate and rank alike (vLLM refuses such a max_model_len)."""
+    import json
+
+    from m2live.shapes import context_length
+
+    base = {"max_position_embeddings": 4096}
+    assert context_length({}) is None and context_length(base) == 4096
+    assert context_length({**base, "seq_length": 2048}) == 2048
+    assert context_length({**base, "model_max_length": 8192}) == 8192
+    assert context_length({**base, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}) == 16384
+    assert context_length({**base, "rope_scaling": {"type": "dynamic", "factor": 2}}) == 8192
+    for kind in ("llama3", "yarn", "longrope"):
+        assert context_length({**base, "rope_scaling": {"rope_type": kind, "factor": 8.0}}) == 4096
+    cfg = json.loads(open("m2live/data/models/tiny-llama/config.json").read())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["simulate", "--model", str(tmp_path), "--gpu", "h100-sxm", "--isl", "4000", "--osl", "97",
+                 "--concurrency", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "4097 tokens is longer than" in err and "(4096 tokens)" in err
+    assert main(["simulate", "--model", str(tmp_path), "--gpu", "h100-sxm", "--isl", "4000", "--osl", "96",
+                 "--concurrency", "2", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--model", "Qwen/Qwen3-32B", "--gpu", "h200", "--tp", "2", "--isl", "40000",
+                 "--osl", "1024", "--concurrency", "2"]) == 2
+    assert "context (40960 tokens)" in capsys.readouterr().err
+    assert main(["rank", "--model", L8, "--workload", "prompt=200000,output=100", "--gpus", "h100-sxm"]) == 2
+    assert "context (131072 tokens)" in capsys.readouterr().err
+
+
 def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
     """--num-gpu-blocks-override as vLLM's: the cache is K blocks of 16 tokens whatever the memory leaves, and a
     cache that small makes requests wait and be preempted (TTFT grows); given with --kv-cache-gib, or too small for

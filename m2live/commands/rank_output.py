@@ -37,6 +37,10 @@ def _header(c: Console, r: Ranking) -> None:
             f"{st.decode_ctx:.0f}, p99 request {st.total_p['p99']:.0f} tokens; SLO {slo}; clock {cfg.clock}; "
             f"{cfg.precision} weights; "
             f"max_num_seqs {cfg.max_num_seqs}, token budget {cfg.max_batched_tokens}")
+    ctx = r.model.max_context
+    if ctx is not None and st.total_p["p99"] > ctx:
+        c.print(f"  [yellow]requests longer than the model's context ({ctx} tokens) are refused by the server: the "
+                f"simulated serving leaves them out (requests_past_context in --json)[/yellow]")
 
 
 def _layout_row(x: LayoutResult, with_rate: bool) -> list[str]:

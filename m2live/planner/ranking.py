@@ -150,6 +150,13 @@ def serving_point(lm: LayoutModel, wl: Workload, concurrency: int, slo_s: float 
     rng = np.random.default_rng(0)
     n = max(8, SERVING_PROMPTS_PER_SLOT * c)
     prompts, outputs = wl.prompt.sample(rng, n), wl.output.sample(rng, n)
+    # a request longer than the model's context is refused by the server at once (its OpenAI API answers 400):
+    # it never reaches the engine, and the benchmark's means leave it out
+    ctx = lm.pred.model.max_context
+    within = np.ones(n, dtype=bool) if ctx is None else (prompts + outputs) <= ctx
+    if not within.any():
+        raise PlanError(f"every sampled request is longer than {lm.pred.model.name}'s context ({ctx} tokens)")
+    prompts, outputs = prompts[within], outputs[within]
     tried = []
     for _ in range(SERVING_SEARCH_STEPS + 1):
         r = _simulate_at(lm, prompts, outputs, c)
@@ -162,7 +169,8 @@ def serving_point(lm: LayoutModel, wl: Workload, concurrency: int, slo_s: float 
             "output_tokens_per_s": r.steady_output_tokens_per_s,
             "benchmark_output_tokens_per_s": r.output_tokens_per_s, "num_prompts": r.requests,
             "meets_slo": bool(meets), "concurrency_tried": tried, "preemptions": r.steps["preemptions"],
-            "mean_tokens_per_step": r.steps["mean_tokens_per_step"]}
+            "mean_tokens_per_step": r.steps["mean_tokens_per_step"],
+            "requests_past_context": int(n - within.sum())}
 
 
 def trace_replay(lm: LayoutModel, wl: Workload, slo_s: float | None) -> dict:
