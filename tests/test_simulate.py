@@ -310,6 +310,11 @@ def test_requests_past_the_models_context_are_refused_as_vllm_does(tmp_path, cap
     assert "context (40960 tokens)" in capsys.readouterr().err
     assert main(["rank", "--model", L8, "--workload", "prompt=200000,output=100", "--gpus", "h100-sxm"]) == 2
     assert "context (131072 tokens)" in capsys.readouterr().err
+    # a workload whose tail passes the context (Llama 3 8B: 8,192 tokens): those requests are left out, counted
+    assert main(["rank", "--model", "meta-llama/Meta-Llama-3-8B", "--workload", "summarisation", "--gpus",
+                 "h100-sxm", "--tp", "1", "--json"]) == 0
+    serving = json.loads(capsys.readouterr().out)["ranking"][0]["serving"]
+    assert 0 < serving["requests_past_context"] < serving["num_prompts"] / 10
 
 
 def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
