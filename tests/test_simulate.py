@@ -273,7 +273,12 @@ def test_cache_too_small_for_one_request_names_the_utilization_that_starts(capsy
     u = err.rsplit("it would start at ", 1)[1].rstrip(")")
     assert 0.92 < float(u) < 0.95
     assert main([*base, "--isl", "8192", "--gpu-memory-utilization", u]) == 0
-    assert json.loads(capsys.readouterr().out)["assumptions"]["kv_cache_tokens"] >= 8192 + 1024 + 16
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["kv_cache_tokens"] >= 8192 + 1024 + 16 and a["max_model_len"] == 8192 + 1024
+    assert a["model_context"] == 131072 and a["model_context_fits"] is False  # vLLM's default would not start
+    assert main(["simulate", "--model", L70, "--gpu", "h200", "--tp", "2", "--isl", "1024", "--osl", "1024",
+                 "--concurrency", "4", "--precision", "fp8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["model_context_fits"] is True
     assert main([*base, "--isl", "8192", "--gpu-memory-utilization", f"{float(u) - 0.01:.2f}"]) == 2
     capsys.readouterr()
     assert main([*base, "--isl", "100000"]) == 2

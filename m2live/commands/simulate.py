@@ -306,7 +306,11 @@ def print_result(r: ServingResult) -> None:
             + (f"gpu_memory_utilization {a['gpu_memory_utilization']:g}" if a.get("kv_cache_sized_by") == "memory"
                else "as given") + ")"
             + (f" — {m['note']}" if m.get("note") else ""))
-    c.print(f"assumed: token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
+    c.print(f"assumed: --max-model-len {a['max_model_len']:,} (the longest request"
+            + ("" if a.get("model_context") is None else
+               f"; vLLM's default, the model's {a['model_context']:,}, "
+               + ("fits too" if a["model_context_fits"] else "would not start: the cache holds fewer tokens"))
+            + f"), token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
             f"{'on' if a['async_scheduling'] else 'off'}, "
             + (f"all-reduce + RMSNorm fusion up to {a['allreduce_rms_fusion_max_tokens']:,} tokens, "
