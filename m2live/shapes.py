@@ -4,6 +4,7 @@ explicit head_dim) from a HF config or a preset."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -177,6 +178,7 @@ class ModelShape:
         return cls.from_config(cfg, name=str(path))
 
 
+MAX_CONTEXT = 1 << 40  # tokens: a stated context this long or longer is no limit (m2live's requests are < 2**30)
 # config.json keys that state a context length, as vLLM 0.32 reads them (model_arch_config_convertor.py,
 # derive_max_model_len_and_key): the smallest present counts, and Command-R's model_max_length wins when given
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -200,7 +202,8 @@ def context_length(cfg: dict) -> int | None:
         factor = rope.get("factor")
         if kind not in ROPE_PRESCALED and isinstance(factor, (int, float)) and factor > 0:
             length *= factor
-    return int(length)
+    # a length past anything servable (or not finite) limits nothing
+    return int(length) if math.isfinite(length) and length < MAX_CONTEXT else None
 
 
 # Presets (numbers from each model's published config.json on the Hugging Face hub; max_context its

@@ -301,6 +301,11 @@ def test_requests_past_the_models_context_are_refused_as_vllm_does(tmp_path, cap
     assert context_length({**base, "rope_scaling": {"type": "dynamic", "factor": 2}}) == 8192
     for kind in ("llama3", "yarn", "longrope"):
         assert context_length({**base, "rope_scaling": {"rope_type": kind, "factor": 8.0}}) == 4096
+    for odd in ({"rope_scaling": {"rope_type": "linear", "factor": 1e308}}, {"max_position_embeddings": 1e300},
+                {"max_position_embeddings": -1}, {"max_position_embeddings": "4096"}, {"max_position_embeddings": True}):
+        assert context_length({**base, **odd}) is None  # limits nothing; never an exception
+    for odd in ({"rope_scaling": [2]}, {"rope_scaling": {"type": "linear", "factor": "2"}}):
+        assert context_length({**base, **odd}) == 4096
     cfg = json.loads(open("m2live/data/models/tiny-llama/config.json").read())
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert main(["simulate", "--model", str(tmp_path), "--gpu", "h100-sxm", "--isl", "4000", "--osl", "97",
