@@ -113,7 +113,9 @@ class ServingConfig:
     max_num_seqs: int | None = None  # None: vLLM's API-server default for the device
     block_size: int | None = None  # None: 16 on GPUs, 128 on the CPU backend
     long_prefill_token_threshold: int = 0  # vLLM default: no cap on one request's chunk
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # vLLM's default
+    # None: vLLM's default (GPU_MEMORY_UTILIZATION) — raised by simulate, in steps of 0.01, to the least share at
+    # which vLLM starts when the default's cache cannot hold one request at full length; a given share is kept
+    gpu_memory_utilization: float | None = None
     reserve_bytes: float | None = None  # None: non-torch memory and CUDA graphs (planner.memory.engine_reserve_bytes)
     async_scheduling: bool | None = None  # None: on for GPUs, off for the CPU backend (vLLM's defaults)
     # vLLM's all-reduce + RMSNorm fusion under TP (predictor.allreduce_fusion_max_bytes): None its default since
@@ -137,6 +139,11 @@ class ServingConfig:
     # caches prefixes by default: the first timed request then finds its prompt's full blocks cached and prefills
     # only the rest (at least its last token). Off (vLLM 0.32's benchmark defaults): no such request.
     test_run_cached: bool = False
+
+    @property
+    def utilization(self) -> float:
+        """The share of device memory vLLM may use (``gpu_memory_utilization``, or vLLM's default)."""
+        return GPU_MEMORY_UTILIZATION if self.gpu_memory_utilization is None else self.gpu_memory_utilization
 
     @property
     def open_loop(self) -> bool:
@@ -167,7 +174,7 @@ class ServingConfig:
             raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not 0 < self.utilization <= 1:
             raise SimulationError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.clock not in ("forecast", "boost"):
             raise SimulationError(f"clock must be 'forecast' or 'boost', got {self.clock!r}")
@@ -186,7 +193,7 @@ def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int,
     from .workload import WorkloadStats
 
     pc = PlanConfig(max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
-                    reserve_fraction=1.0 - cfg.gpu_memory_utilization, reserve_bytes=cfg.reserve_bytes)
+                    reserve_fraction=1.0 - cfg.utilization, reserve_bytes=cfg.reserve_bytes)
     pct = {"p50": float(need_tokens), "p90": float(need_tokens), "p99": float(need_tokens)}
     stats = WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, pct, pct, pct)
     fit = memory_fit(gpu, shard, stats, pc, precision)

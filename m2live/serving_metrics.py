@@ -98,7 +98,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "max_model_len": longest, "model_context": ctx,
             "model_context_fits": None if ctx is None else bool(kv_tokens - bs >= ctx),
             "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",
-            "gpu_memory_utilization": cfg.gpu_memory_utilization, "cuda_graph_max_batch": graphs,
+            "gpu_memory_utilization": cfg.utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched,
             # recompute, less what a re-admitted request finds of its own prefix in the prefix cache (on by default)
             "preemption": "recompute (prefix cache)",

@@ -114,14 +114,31 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                               f"({shape.max_context} tokens): vLLM refuses a max_model_len past it")
     mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
+    sized_by_memory = cfg.num_gpu_blocks is None and cfg.kv_tokens is None
     if cfg.num_gpu_blocks is not None:
         kv_tokens = cfg.num_gpu_blocks * bs
     else:
         kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
+    need_blocks = -(-longest // bs)
+    if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
+        # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a
+        # server that runs this (the question asked) was given a larger share: the least that starts, in 0.01 steps
+        u = starting_utilization(mem, cfg.utilization, longest, bs)
+        if u <= 1:
+            default = cfg.utilization
+            cfg = replace(cfg, gpu_memory_utilization=u)
+            mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
+            kv_tokens = int(mem["kv_tokens"])
+            mem["note"] = (f"gpu_memory_utilization raised from vLLM's default {default:g} to {u:.2f}, the least at "
+                           f"which one request at full length ({longest} tokens) fits: vLLM refuses to start below")
+            mem["utilization_raised_from"] = default
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
-    if blocks < -(-longest // bs):
-        hint = ("" if cfg.num_gpu_blocks is not None or cfg.kv_tokens is not None
-                else starting_utilization_hint(mem, cfg.gpu_memory_utilization, longest, bs))
+    if blocks < need_blocks:
+        hint = "" if not sized_by_memory else (
+            "; not even all of the GPU's memory would hold it: more GPUs (--tp) or shorter requests"
+            if starting_utilization(mem, cfg.utilization, longest, bs) > 1
+            else f" at --gpu-memory-utilization {cfg.utilization:g} (it would start at "
+                 f"{starting_utilization(mem, cfg.utilization, longest, bs):.2f})")
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "
                               f"({longest} tokens): vLLM refuses to start with a max_model_len that long{hint}")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
@@ -136,17 +153,13 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                      kv_tokens, bs, keep_requests)
 
 
-def starting_utilization_hint(mem: dict, utilization: float, longest: int, block_size: int) -> str:
-    """What a cache too small for one request at full length would take: the --gpu-memory-utilization at which
-    vLLM sizes it to hold one (the KV cache grows by the device's memory x the utilization's rise; vLLM keeps one
-    block aside), or that no utilization does."""
+def starting_utilization(mem: dict, utilization: float, longest: int, block_size: int) -> float:
+    """The least --gpu-memory-utilization, in steps of 0.01, at which vLLM's KV cache holds one request of
+    ``longest`` tokens (vLLM keeps one block aside): the cache grows by the device's memory x the share's rise.
+    Above 1 where no share does."""
     need_tokens = (-(-longest // block_size) + 1) * block_size
     short = (need_tokens - mem["kv_tokens"]) * mem["kv_bytes_per_token"]
-    u = utilization + short / (mem["total_gb"] * 1e9)
-    u = math.ceil(u * 100 - 1e-9) / 100
-    if u > 1:
-        return "; not even all of the GPU's memory would hold it: more GPUs (--tp) or shorter requests"
-    return f" at --gpu-memory-utilization {utilization:g} (it would start at {u:.2f})"
+    return math.ceil((utilization + short / (mem["total_gb"] * 1e9)) * 100 - 1e-9) / 100
 
 
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums

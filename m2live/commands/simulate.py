@@ -15,7 +15,8 @@ flight.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
 server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
 CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
-refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92, a
+refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92 (raised to
+the least that starts where that cache holds no whole request, and said so), a
 prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
 CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
 default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
@@ -68,6 +69,7 @@ BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", 
                   "kv_cache_dtype", "num_gpu_blocks_override")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
+BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
 
@@ -95,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's --num-gpu-blocks-override: the KV cache is K blocks (of 16 tokens; 128 on the CPU "
                         "device), one of them vLLM's null block, whatever the memory leaves")
     p.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization, the share of the GPU's memory "
-                                                    "the engine sizes itself to, in (0, 1] (default 0.92, vLLM's)")
+                                                    "the engine sizes itself to, in (0, 1] (default: vLLM's 0.92, raised to "
+                                                    "the least that starts if its cache holds no whole request)")
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--tokenize-us", help="the API server's tokenisation per prompt token, us, serial over requests "
                                          "(default 2.5, measured: results/tokenize_cost.json; 0 for prompts sent "
@@ -351,7 +354,8 @@ def run_batch(args: argparse.Namespace) -> int:
     utilization = _utilization(args.gpu_memory_utilization)  # every row's
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
-    kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR)]  # the input's columns, echoed
+    kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR, BATCH_NOTE)]  # the input's columns, echoed
+    noted = False
     blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell))) in enumerate(
             zip(rows, parsed, strict=True), start=2):
@@ -373,8 +377,12 @@ def run_batch(args: argparse.Namespace) -> int:
         else:
             out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
                         "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
+            if "utilization_raised_from" in r.memory:  # the cache at vLLM's default share held no whole request
+                out[BATCH_NOTE] = r.memory["note"]
+                noted = True
         out_rows.append(out)
-    fields = [*kept, *BATCH_OUT, *([BATCH_ERROR] if failed else [])]  # blank cells where a row has none
+    # blank cells where a row has none
+    fields = [*kept, *BATCH_OUT, *([BATCH_ERROR] if failed else []), *([BATCH_NOTE] if noted else [])]
     if args.output:
         with open(args.output, "w", newline="") as f:
             _write(f, fields, out_rows)
