@@ -182,6 +182,11 @@ KV_CACHE_BYTES: dict[str, int | None] = {"auto": None, "bfloat16": 2, "bf16": 2,
                                          "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
+# the commands' --kv-cache-dtype help: what "auto" resolves to (model_kv_cache_dtype)
+KV_AUTO_HELP = ("vLLM's --kv-cache-dtype: auto (default: the model's dtype, or fp8 where a checkpoint directory's "
+                "ModelOpt quantization config names an fp8 KV cache, as vLLM resolves it) or fp8")
+
+
 def kv_cache_dtype_of(kv_cache_dtype: str | None) -> str:
     """A vLLM ``kv_cache_dtype`` as ``KV_CACHE_BYTES`` spells it (None or blank: "auto"); ValueError for a value
     vLLM's CUDA backend does not take."""

@@ -13,7 +13,7 @@ from .. import limits
 from ..calibrate import load_for
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
-from ..quantization import KV_CACHE_BYTES, model_kv_cache_dtype, weights_for
+from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES, model_kv_cache_dtype, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..step import Step
 
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cache and the LM head stay bf16); default: the checkpoint's (its config.json's "
                         "quantization_config, or FP8 in its name), else bf16")
     p.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_BYTES),
-                   help="vLLM's --kv-cache-dtype: auto (default: the model's dtype) or fp8 (one byte per element: "
+                   help=KV_AUTO_HELP + " (one byte per element: "
                         "attention streams and writes half the bytes; priced by its bytes)")
     p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's all-reduce + RMSNorm fusion under TP: auto (default: vLLM's default since 0.16, on "

@@ -17,7 +17,7 @@ import json
 from rich.console import Console
 
 from ..planner import PlanError, rank, validate_opbench
-from ..quantization import KV_CACHE_BYTES
+from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES
 from ..serving_config import SWITCH_CHOICES
 from ..workload import parse_workload
 from .rank_args import nonneg_int, parse_gpus, parse_tp_list, plan_config, png_path
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and the KV cache stay bf16; GPUs without fp8 tensor cores are excluded); default: the "
                         "checkpoint's (its config.json's quantization_config, or FP8 in its name), else bf16")
     p.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_BYTES),
-                   help="vLLM's --kv-cache-dtype: auto (default: the model's dtype) or fp8 (twice the cache's "
+                   help=KV_AUTO_HELP + " (twice the cache's "
                         "tokens, half the bytes attention streams; priced by its bytes)")
     p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "

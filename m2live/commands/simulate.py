@@ -50,7 +50,7 @@ from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
-from ..quantization import kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
+from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch
 from ..shapes import get_model
 from ..simulate import (
@@ -85,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3, per-tensor scales); default: the "
                         "checkpoint's (its config.json's quantization_config, or FP8 in its name), else bf16")
-    p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype: auto (default: the model's "
-                   "dtype) or fp8 (fp8_e4m3, fp8_e5m2): twice the cache's tokens, half the bytes attention streams "
-                   "(priced by its bytes; no fp8-KV attention kernel was measured)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help=KV_AUTO_HELP + " (fp8_e4m3, fp8_e5m2): twice the cache's tokens, half the bytes attention "
+                        "streams (priced by its bytes; no fp8-KV attention kernel was measured)")
     p.add_argument("--max-num-batched-tokens", help="vLLM token budget per step (default: vLLM's for the device)")
     p.add_argument("--max-num-seqs", help="vLLM max running requests (default: vLLM's for the device)")
     p.add_argument("--num-prompts", help="requests in the benchmark (default 10 x concurrency)")
