@@ -311,7 +311,8 @@ def test_requests_past_the_models_context_are_refused_as_vllm_does(tmp_path, cap
     for kind in ("llama3", "yarn", "longrope"):
         assert context_length({**base, "rope_scaling": {"rope_type": kind, "factor": 8.0}}) == 4096
     for odd in ({"rope_scaling": {"rope_type": "linear", "factor": 1e308}}, {"max_position_embeddings": 1e300},
-                {"max_position_embeddings": -1}, {"max_position_embeddings": "4096"}, {"max_position_embeddings": True}):
+                {"max_position_embeddings": -1}, {"max_position_embeddings": "4096"},
+                {"max_position_embeddings": True}):
         assert context_length({**base, **odd}) is None  # limits nothing; never an exception
     for odd in ({"rope_scaling": [2]}, {"rope_scaling": {"type": "linear", "factor": "2"}}):
         assert context_length({**base, **odd}) == 4096

@@ -15,9 +15,9 @@ flight.
 Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
 server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
 CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
-refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92 (raised to
-the least that starts where that cache holds no whole request, and said so), a
-prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
+refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92
+(raised to the least that starts where that cache holds no whole request, and said so), a prompt admitted only
+when all its blocks fit, preemption by recompute (newest running request first); decode
 CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
 default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
 default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
@@ -96,9 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpu-blocks-override", metavar="K",
                    help="vLLM's --num-gpu-blocks-override: the KV cache is K blocks (of 16 tokens; 128 on the CPU "
                         "device), one of them vLLM's null block, whatever the memory leaves")
-    p.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization, the share of the GPU's memory "
-                                                    "the engine sizes itself to, in (0, 1] (default: vLLM's 0.92, raised to "
-                                                    "the least that starts if its cache holds no whole request)")
+    p.add_argument("--gpu-memory-utilization",
+                   help="vLLM's --gpu-memory-utilization, the share of the GPU's memory the engine sizes itself to, "
+                        "in (0, 1] (default: vLLM's 0.92, raised to the least that starts if its cache holds no "
+                        "whole request)")
     p.add_argument("--frontend-ms", help="client <-> engine latency each way per request, ms (default 1)")
     p.add_argument("--tokenize-us", help="the API server's tokenisation per prompt token, us, serial over requests "
                                          "(default 2.5, measured: results/tokenize_cost.json; 0 for prompts sent "
