@@ -360,10 +360,13 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
     gpu = get_gpu(gpu_name)
     if gpu.arch == "cpu":
         raise CalibrationError("the CPU device has no architecture constants to calibrate")
-    rows = list(rows) if rows is not None else read_rows(directory or ".", gpu)
+    sparse: dict[str, int] = {}  # kinds with too few rows to pin anything: left at the prior
+    rows = list(rows) if rows is not None else read_rows(directory or ".", gpu, sparse)
     if not rows:
         raise CalibrationError("no measured rows to calibrate on")
     how: dict = {}
+    if sparse:
+        how["left_at_prior"] = {k: f"{n} measured rows, fewer than the {MIN_ROWS} a kind needs" for k, n in sparse.items()}
     prior = constants_for(gpu)
     values, carried, values8 = fit_precisions(gpu, rows, prior, report=how)
     parts = {"bf16": (prior, values), "fp8": (carried, values8)}  # precision -> (prior, fitted values)

@@ -176,8 +176,11 @@ def load_for(path: str | os.PathLike | None, gpu: GpuSpec | str) -> dict[str, Ar
 
 
 # ---- reading measured tables --------------------------------------------------------------------------------
-def read_rows(directory: str | os.PathLike, gpu: GpuSpec) -> list[Row]:
-    """The measured rows of DIR's opbench tables (any subset of FILES), checked to be of ``gpu``."""
+def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int] | None = None) -> list[Row]:
+    """The measured rows of DIR's opbench tables (any subset of FILES), checked to be of ``gpu``. A kind with fewer
+    than MIN_ROWS rows pins nothing: with ``sparse`` (a dict) its rows are left out and counted there (its constants
+    stay at the prior: a table that lacks most of a kind's planned shapes does not cost the other kinds their
+    calibration), unless no kind is left; without it, such a kind is an error."""
     d = Path(directory)
     if not d.is_dir():
         raise CalibrationError(f"{directory}: not a directory (give the folder holding {', '.join(FILES.values())})")
@@ -216,8 +219,14 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec) -> list[Row]:
             n_kind[k] = n_kind.get(k, 0) + 1
         for k, n in n_kind.items():
             if n < MIN_ROWS:
-                raise CalibrationError(f"{p}: only {n} {k} rows; a calibration needs at least {MIN_ROWS} per kind")
-    return rows
+                if sparse is None:
+                    raise CalibrationError(f"{p}: only {n} {k} rows; a calibration needs at least {MIN_ROWS} per kind")
+                sparse[k] = n
+    kept = [r for r in rows if r.kind not in (sparse or {})]
+    if not kept:
+        raise CalibrationError(f"{directory}: only " + ", ".join(f"{n} {k}" for k, n in (sparse or {}).items())
+                               + f" rows; a calibration needs at least {MIN_ROWS} of a kind")
+    return kept
 
 
 

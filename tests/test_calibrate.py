@@ -324,6 +324,29 @@ def test_calibration_file_round_trips_and_names_its_contents(cal_file):
     assert c.arch_constants().eta_tc == pytest.approx(doc["constants"]["eta_tc"]["fitted"])
 
 
+def test_a_kind_with_too_few_rows_stays_at_its_prior_and_the_rest_is_fitted(tmp_path, truth):
+    """A table that lacks most of a kind's planned shapes (3 prefill rows: fewer than MIN_ROWS) does not cost the
+    other kinds their calibration: those rows are left out, the kind's own constants stay at the prior, the JSON and
+    a warning on stderr say so; GEMM and decode are fitted as without it."""
+    rows = synthetic_rows(H100, truth, kinds=("gemm", "prefill", "decode"))
+    prefill = [r for r in rows if r.kind == "prefill"]
+    d = write_tables(tmp_path / "sparse", [r for r in rows if r.kind != "prefill"] + prefill[:3])
+    out = tmp_path / "c.json"
+    r = run("calibrate", "fit", str(d), "--gpu", "h100-sxm", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "warning: prefill: 3 measured rows, fewer than the 4 a kind needs" in r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["rows"]["prefill"] == 0 and doc["rows"]["gemm"] == 32 and doc["rows"]["decode"] == 16
+    assert "prefill" in doc["fit"]["left_at_prior"]
+    only = {n for n in cal.CALIBRATED["prefill"] if n not in cal.CALIBRATED["decode"]
+            and n not in cal.CALIBRATED["gemm"]}
+    assert only and not only & set(doc["constants"])  # the prefill-only constants: not fitted
+    full = write_tables(tmp_path / "full", [r for r in rows if r.kind != "prefill"])
+    assert run("calibrate", "fit", str(full), "--gpu", "h100-sxm", "-o", str(tmp_path / "f.json")).returncode == 0
+    same = json.loads((tmp_path / "f.json").read_text())["constants"]
+    assert {n: v["fitted"] for n, v in doc["constants"].items()} == {n: v["fitted"] for n, v in same.items()}
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------
 def test_fit_bad_inputs_are_one_line_exit_2(tmp_path, truth):
     rows = synthetic_rows(H100, truth, kinds=("gemm",))

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = cal.fit(args.directory, args.gpu)
     c.save(args.output)
+    for k, why in c.fit.get("left_at_prior", {}).items():
+        print(f"m2live calibrate fit: warning: {k}: {why}; its constants stay at the {c.arch} prior", file=sys.stderr)
     res = "; ".join(f"{k} {n} rows, MAPE {c.residual[k]['mape_prior']:.2f}% -> {c.residual[k]['mape_fitted']:.2f}%"
                     for k, n in c.rows.items() if n)
     print(f"wrote {args.output}: {c.gpu} ({c.arch} constants refined): {res}", file=sys.stderr)
