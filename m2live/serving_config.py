@@ -139,6 +139,10 @@ class ServingConfig:
     # caches prefixes by default: the first timed request then finds its prompt's full blocks cached and prefills
     # only the rest (at least its last token). Off (vLLM 0.32's benchmark defaults): no such request.
     test_run_cached: bool = False
+    # vLLM's prefix caching (on by default; off: --no-enable-prefix-caching, which benchmark harnesses often pass):
+    # between random prompts it only matters to a preempted request, which finds what is left of its own prefix
+    # cached, and to the benchmark's test run
+    prefix_caching: bool = True
 
     @property
     def utilization(self) -> float:

@@ -101,12 +101,14 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "gpu_memory_utilization": cfg.utilization, "cuda_graph_max_batch": graphs,
             "async_scheduling": async_sched,
             # recompute, less what a re-admitted request finds of its own prefix in the prefix cache (on by default)
-            "preemption": "recompute (prefix cache)",
+            "preemption": "recompute (prefix cache)" if cfg.prefix_caching else "recompute",
+            "prefix_caching": cfg.prefix_caching,
             # vLLM's all-reduce + RMSNorm fusion: the largest step (tokens) that runs it, 0 where it does not
             "allreduce_rms_fusion_max_tokens": timer.pred.fusion_max_tokens,
             # prefix-cache hits: none between the benchmark's random prompts; the first request's own prompt when
             # the benchmark sent it before the timed run (test_run_cached)
-            "prefix_caching_hits": "first request (the benchmark's test run)" if cfg.test_run_cached else False,
+            "prefix_caching_hits": ("first request (the benchmark's test run)"
+                                    if cfg.test_run_cached and cfg.prefix_caching else False),
             "clock": cfg.clock, "frontend_ms_each_way": 1e3 * d,
             "frontend_service_ms_per_request": 1e3 * cfg.frontend_service_s,
             "tokenize_us_per_prompt_token": 1e6 * cfg.tokenize_s_per_token,

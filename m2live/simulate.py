@@ -145,9 +145,11 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s,
                  async_scheduling=async_sched,
-                 first_cached=cached_prefix(int(prompts[0]), bs) if cfg.test_run_cached else 0,
+                 first_cached=cached_prefix(int(prompts[0]), bs) if cfg.test_run_cached and cfg.prefix_caching
+                 else 0,
                  tokenize_s_per_token=cfg.tokenize_s_per_token,
-                 send_at=send_schedule(n, cfg.request_rate, cfg.seed) if cfg.open_loop else None)
+                 send_at=send_schedule(n, cfg.request_rate, cfg.seed) if cfg.open_loop else None,
+                 prefix_caching=cfg.prefix_caching)
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                      kv_tokens, bs, keep_requests)

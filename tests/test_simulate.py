@@ -365,6 +365,36 @@ def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
     assert float(rows[1]["ttft_ms"]) == pytest.approx(free["ttft_ms"], rel=1e-3)
 
 
+def test_prefix_caching_switch(tmp_path, capsys):
+    """--prefix-caching off (a server started with --no-enable-prefix-caching): a preempted request recomputes its
+    whole prefix (none found cached), so a cache-bound run is no faster than with it; the benchmark's test run finds
+    nothing either; the batch file's prefix_caching cell does the same per row, a bad cell is one line, exit 2."""
+    import json
+
+    base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "256", "--concurrency", "32",
+            "--num-gpu-blocks-override", "600", "--json"]
+    out = {}
+    for pc in ("auto", "on", "off"):
+        assert main([*base, "--prefix-caching", pc]) == 0
+        out[pc] = json.loads(capsys.readouterr().out)
+    on, off = out["on"], out["off"]
+    assert out["auto"] == on and on["assumptions"]["prefix_caching"] is True
+    assert off["assumptions"]["prefix_caching"] is False and off["assumptions"]["preemption"] == "recompute"
+    assert on["steps"]["preempted_tokens_found_cached"] > 0 == off["steps"]["preempted_tokens_found_cached"]
+    assert off["steps"]["preemptions"] > 0 and off["duration_s"] >= on["duration_s"]
+    assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "64", "--concurrency",
+                 "1", "--test-run", "--prefix-caching", "off", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["prefix_caching_hits"] is False
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,256,32,bf16,600,off\n{L8},h100-sxm,1,1024,256,32,bf16,600,\n",
+                      header=f"{BATCH_HEADER},num_gpu_blocks_override,prefix_caching")
+    assert rc == 0 and float(rows[0]["ttft_ms"]) == pytest.approx(off["ttft_ms"], rel=1e-3)
+    assert float(rows[1]["ttft_ms"]) == pytest.approx(on["ttft_ms"], rel=1e-3)
+    capsys.readouterr()
+    rc, _ = _batch(tmp_path, f"{L8},h100-sxm,1,1024,256,32,bf16,maybe\n", header=f"{BATCH_HEADER},prefix_caching")
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "prefix_caching must be auto, on or off" in err and len(err.splitlines()) == 1
+
+
 def test_batch_csv_roundtrip(tmp_path, capsys):
     rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,16,bf16,\n{L8},h100-sxm,1,1024,128,16,fp8,\n"
                                 f"{L70},NVIDIA H200,4,2048,256,32,bf16,16\n", header=f"{BATCH_HEADER},max_num_seqs")
