@@ -130,6 +130,9 @@ class ServingConfig:
     # the last is sent at num_prompts / rate, as the benchmark does), ``concurrency`` still capping those in flight
     request_rate: float | None = None
     seed: int = 0  # of that schedule
+    # vLLM's --max-model-len: its cache must hold one request this long to start, and it refuses longer requests;
+    # None: the longest request's length (what a server started for the benchmark is given)
+    max_model_len: int | None = None
     kv_tokens: int | None = None  # override the KV-cache capacity (tokens); None: from the memory fit
     # vLLM's --num-gpu-blocks-override: the cache is this many blocks of block_size (one the null block), whatever
     # the memory leaves; exclusive with kv_tokens
@@ -156,7 +159,7 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
-                     "kv_tokens", "num_gpu_blocks"):
+                     "kv_tokens", "num_gpu_blocks", "max_model_len"):
             v = getattr(self, name)
             if v is None and name != "concurrency":
                 continue

@@ -79,7 +79,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         "predictions": timer.predictions,
     }
     steps["bounds"] = bounds(timer, st)
-    longest = int((eng.prompt + eng.out_len).max()) if eng.n else 0
+    longest = cfg.max_model_len or (int((eng.prompt + eng.out_len).max()) if eng.n else 0)
     ctx = timer.pred.model.max_context
     res = ServingResult(
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
@@ -93,9 +93,10 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "num_prompts": eng.n, "max_num_batched_tokens": max_tokens, "max_num_seqs": max_seqs,
             "chunked_prefill": True, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "block_size": bs, "kv_cache_tokens": kv_tokens,
-            # the server's --max-model-len: the longest request (vLLM's default, the model's context, starts only
-            # where the cache holds that many tokens — model_context_fits)
-            "max_model_len": longest, "model_context": ctx,
+            # the server's --max-model-len: given, or the longest request (vLLM's default, the model's context,
+            # starts only where the cache holds that many tokens — model_context_fits)
+            "max_model_len": longest, "max_model_len_from": "given" if cfg.max_model_len else "the longest request",
+            "model_context": ctx,
             "model_context_fits": None if ctx is None else bool(kv_tokens - bs >= ctx),
             "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",
             "gpu_memory_utilization": cfg.utilization, "cuda_graph_max_batch": graphs,

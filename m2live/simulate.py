@@ -109,38 +109,45 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     prompts = request_lengths(isl, n, "isl")
     outputs = request_lengths(osl, n, "osl")
     longest = int((prompts + outputs).max())
-    if shape.max_context is not None and longest > shape.max_context:
-        raise SimulationError(f"a request of {longest} tokens is longer than {shape.name}'s context "
-                              f"({shape.max_context} tokens): vLLM refuses a max_model_len past it")
-    mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
+    # the server's --max-model-len: given, or the longest request (what a server started for this run is given)
+    model_len = cfg.max_model_len or longest
+    if longest > model_len:
+        raise SimulationError(f"a request of {longest} tokens is longer than --max-model-len {model_len}: the server "
+                              f"refuses it (HTTP 400)")
+    if shape.max_context is not None and model_len > shape.max_context:
+        raise SimulationError(f"{'--max-model-len' if cfg.max_model_len else 'a request of'} {model_len} tokens is "
+                              f"longer than {shape.name}'s context ({shape.max_context} tokens): vLLM refuses a "
+                              f"max_model_len past it")
+    mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
     sized_by_memory = cfg.num_gpu_blocks is None and cfg.kv_tokens is None
     if cfg.num_gpu_blocks is not None:
         kv_tokens = cfg.num_gpu_blocks * bs
     else:
         kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
-    need_blocks = -(-longest // bs)
+    need_blocks = -(-model_len // bs)
     if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
         # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a
         # server that runs this (the question asked) was given a larger share: the least that starts, in 0.01 steps
-        u = starting_utilization(mem, cfg.utilization, longest, bs)
+        u = starting_utilization(mem, cfg.utilization, model_len, bs)
         if u <= 1:
             default = cfg.utilization
             cfg = replace(cfg, gpu_memory_utilization=u)
-            mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, longest, precision)
+            mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
             kv_tokens = int(mem["kv_tokens"])
             mem["note"] = (f"gpu_memory_utilization raised from vLLM's default {default:g} to {u:.2f}, the least at "
-                           f"which one request at full length ({longest} tokens) fits: vLLM refuses to start below")
+                           f"which one request at full length ({model_len} tokens) fits: vLLM refuses to start below")
             mem["utilization_raised_from"] = default
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
     if blocks < need_blocks:
         hint = "" if not sized_by_memory else (
-            "; not even all of the GPU's memory would hold it: more GPUs (--tp) or shorter requests"
-            if starting_utilization(mem, cfg.utilization, longest, bs) > 1
+            "; not even all of the GPU's memory would hold it: more GPUs (--tp) or "
+            + ("a shorter --max-model-len" if cfg.max_model_len else "shorter requests")
+            if starting_utilization(mem, cfg.utilization, model_len, bs) > 1
             else f" at --gpu-memory-utilization {cfg.utilization:g} (it would start at "
-                 f"{starting_utilization(mem, cfg.utilization, longest, bs):.2f})")
+                 f"{starting_utilization(mem, cfg.utilization, model_len, bs):.2f})")
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "
-                              f"({longest} tokens): vLLM refuses to start with a max_model_len that long{hint}")
+                              f"({model_len} tokens): vLLM refuses to start with a max_model_len that long{hint}")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
     eng = Engine(timer, prompts, outputs, cfg.concurrency, max_tokens, max_seqs, blocks, bs,
                  cfg.long_prefill_token_threshold, cfg.frontend_s, cfg.frontend_service_s,

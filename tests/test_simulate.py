@@ -365,6 +365,36 @@ def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
     assert float(rows[1]["ttft_ms"]) == pytest.approx(free["ttft_ms"], rel=1e-3)
 
 
+def test_max_model_len_is_vllms(tmp_path, capsys):
+    """--max-model-len as vLLM's: the cache must hold one request that long to start (vLLM's default share raised
+    to the least that does, as for the longest request), a request longer than it is refused (one line, exit 2),
+    as is one past the model's context; the batch file's max_model_len cell does the same per row."""
+    import json
+
+    base = ["simulate", "--model", L70, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "1024", "--concurrency", "16",
+            "--precision", "fp8", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["assumptions"]["max_model_len"] == 2048 and "note" not in plain["memory"]
+    assert plain["assumptions"]["max_model_len_from"] == "the longest request"
+    assert main([*base, "--max-model-len", "10000"]) == 0
+    long = json.loads(capsys.readouterr().out)
+    a = long["assumptions"]
+    assert a["max_model_len"] == 10000 and a["max_model_len_from"] == "given"
+    assert a["gpu_memory_utilization"] > 0.92 and a["kv_cache_tokens"] >= 10016 > plain["assumptions"]["kv_cache_tokens"]
+    assert long["ttft_ms"] < plain["ttft_ms"]  # the larger share's cache holds more requests at once
+    for value, msg in (("1500", "longer than --max-model-len 1500"), ("200000", "context (131072 tokens)"),
+                       ("32768", "a shorter --max-model-len"), ("0", "--max-model-len must be")):
+        assert main([*base, "--max-model-len", value]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
+    rc, rows = _batch(tmp_path, f"{L70},h100-sxm,1,1024,1024,16,fp8,10000\n{L70},h100-sxm,1,1024,1024,16,fp8,\n",
+                      header=f"{BATCH_HEADER},max_model_len")
+    assert rc == 0 and float(rows[0]["ttft_ms"]) == pytest.approx(long["ttft_ms"], rel=1e-3)
+    assert float(rows[1]["ttft_ms"]) == pytest.approx(plain["ttft_ms"], rel=1e-3)
+    assert "raised from vLLM's default" in rows[0]["note"] and rows[1]["note"] == ""
+
+
 def test_prefix_caching_switch(tmp_path, capsys):
     """--prefix-caching off (a server started with --no-enable-prefix-caching): a preempted request recomputes its
     whole prefix (none found cached), so a cache-bound run is no faster than with it; the benchmark's test run finds

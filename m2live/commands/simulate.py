@@ -66,7 +66,7 @@ from ..simulate import (
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
-                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching")
+                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
@@ -118,6 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism (FlashInfer's fused kernel, "
                         "small steps): auto (default: vLLM's default since 0.16, on for Hopper and Blackwell "
                         "data-centre GPUs over NVLink), on, or off (a server without it, or an older vLLM)")
+    p.add_argument("--max-model-len", metavar="N",
+                   help="vLLM's --max-model-len: the cache must hold one request this long for the server to start, "
+                        "and longer requests are refused (default: the longest request)")
     p.add_argument("--prefix-caching", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's prefix caching: auto (default: on, vLLM's default), on, or off (a server started "
                         "with --no-enable-prefix-caching): random prompts share nothing, but a preempted request "
@@ -212,7 +215,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
-            num_gpu_blocks: int | None = None, prefix_caching: bool | None = None) -> ServingResult:
+            num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
+            max_model_len: int | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -244,7 +248,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
                         **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
-                        request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False)
+                        request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False,
+                        max_model_len=max_model_len)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["kv_cache_dtype_why"] = kv_why
@@ -276,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
                 _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
                 _utilization(args.gpu_memory_utilization),
                 _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
-                parse_switch(args.prefix_caching, "--prefix-caching"))
+                parse_switch(args.prefix_caching, "--prefix-caching"),
+                _opt_int(args.max_model_len, "--max-model-len"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -315,7 +321,7 @@ def print_result(r: ServingResult) -> None:
             + (f"gpu_memory_utilization {a['gpu_memory_utilization']:g}" if a.get("kv_cache_sized_by") == "memory"
                else "as given") + ")"
             + (f" — {m['note']}" if m.get("note") else ""))
-    c.print(f"assumed: --max-model-len {a['max_model_len']:,} (the longest request"
+    c.print(f"assumed: --max-model-len {a['max_model_len']:,} ({a['max_model_len_from']}"
             + ("" if a.get("model_context") is None else
                f"; vLLM's default, the model's {a['model_context']:,}, "
                + ("fits too" if a["model_context_fits"] else "would not start: the cache holds fewer tokens"))
@@ -365,8 +371,9 @@ def run_batch(args: argparse.Namespace) -> int:
     noted = False
     blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
     caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
+    len_flag = _opt_int(args.max_model_len, "--max-model-len")
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
-                            caching_cell))) in enumerate(zip(rows, parsed, strict=True), start=2):
+                            caching_cell, len_cell))) in enumerate(zip(rows, parsed, strict=True), start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
@@ -378,7 +385,8 @@ def run_batch(args: argparse.Namespace) -> int:
                         kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell,
                         gpu_memory_utilization=utilization,
                         num_gpu_blocks=blocks_flag if blocks_cell is None else blocks_cell,
-                        prefix_caching=caching_flag if caching_cell is None else caching_cell)
+                        prefix_caching=caching_flag if caching_cell is None else caching_cell,
+                        max_model_len=len_flag if len_cell is None else len_cell)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
@@ -409,7 +417,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
     precision) and the optional (max_num_batched_tokens, max_num_seqs; async_scheduling, allreduce_fusion and
     prefix_caching: blank or auto, on, off; request_rate: blank for --request-rate's, inf for the closed loop, or
-    requests/s; kv_cache_dtype; num_gpu_blocks_override).
+    requests/s; kv_cache_dtype; num_gpu_blocks_override; max_model_len).
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
@@ -427,7 +435,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               _rate(row.get("request_rate"), "request_rate"),
               kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None,
               _opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
-              parse_switch(row.get("prefix_caching"), "prefix_caching"))
+              parse_switch(row.get("prefix_caching"), "prefix_caching"),
+              _opt_int(row.get("max_model_len"), "max_model_len"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
