@@ -14,8 +14,9 @@ from ..calibrate import load_for
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES, model_kv_cache_dtype, weights_for
-from ..serving_config import SWITCH_CHOICES, parse_switch
+from ..serving_config import parse_switch
 from ..step import Step
+from .engine_args import add_allreduce_fusion
 
 _SPEC = re.compile(r"^(\d+)(?:@(\d+))?(?:x(\d+))?$")
 
@@ -55,9 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_BYTES),
                    help=KV_AUTO_HELP + " (one byte per element: "
                         "attention streams and writes half the bytes; priced by its bytes)")
-    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
-                   help="vLLM's all-reduce + RMSNorm fusion under TP: auto (default: vLLM's default since 0.16, on "
-                        "for Hopper and Blackwell data-centre GPUs over NVLink on steps small enough), on, or off")
+    add_allreduce_fusion(p)
     p.add_argument("--json", action="store_true")
 
 

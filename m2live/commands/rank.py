@@ -18,8 +18,8 @@ from rich.console import Console
 
 from ..planner import PlanError, rank, validate_opbench
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES
-from ..serving_config import SWITCH_CHOICES
 from ..workload import parse_workload
+from .engine_args import add_allreduce_fusion, add_async_scheduling
 from .rank_args import nonneg_int, parse_gpus, parse_tp_list, plan_config, png_path
 from .rank_output import json_default, plot_ranking, plot_validation, print_ranking, print_validation
 
@@ -43,13 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_BYTES),
                    help=KV_AUTO_HELP + " (twice the cache's "
                         "tokens, half the bytes attention streams; priced by its bytes)")
-    p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
-                   help="vLLM's async scheduling in the simulated serving: auto (default: vLLM's default, on for "
-                        "GPUs), on, or off (a server started without it)")
-    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
-                   help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism: auto (default: vLLM's "
-                        "default since 0.16, on for Hopper and Blackwell data-centre GPUs over NVLink), on, or off "
-                        "(a server without it, or an older vLLM)")
+    add_async_scheduling(p)
+    add_allreduce_fusion(p)
     p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")
     p.add_argument("--max-batched-tokens", default="8192", help="vLLM max_num_batched_tokens (default 8192)")
     p.add_argument("--top", default="0", help="show only the best N layouts in the table (default: all)")

@@ -63,6 +63,7 @@ from ..simulate import (
     simulate,
     vllm_batch_defaults,
 )
+from .engine_args import add_allreduce_fusion, add_async_scheduling
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
@@ -110,14 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", default="0", help="seed of the --request-rate schedule (default 0)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
-    p.add_argument("--async-scheduling", default="auto", choices=SWITCH_CHOICES,
-                   help="vLLM's async scheduling (the next step's host work under this step's device work): auto "
-                        "(default: on for GPUs, off for the CPU backend, recent vLLM's defaults), on, or off (a "
-                        "server started without it)")
-    p.add_argument("--allreduce-fusion", default="auto", choices=SWITCH_CHOICES,
-                   help="vLLM's all-reduce + RMSNorm fusion under tensor parallelism (FlashInfer's fused kernel, "
-                        "small steps): auto (default: vLLM's default since 0.16, on for Hopper and Blackwell "
-                        "data-centre GPUs over NVLink), on, or off (a server without it, or an older vLLM)")
+    add_async_scheduling(p)
+    add_allreduce_fusion(p)
     p.add_argument("--max-model-len", metavar="N",
                    help="vLLM's --max-model-len: the cache must hold one request this long for the server to start, "
                         "and longer requests are refused (default: the longest request)")
