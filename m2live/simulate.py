@@ -125,6 +125,11 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         kv_tokens = cfg.num_gpu_blocks * bs
     else:
         kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
+    if not sized_by_memory:  # the memory fit's own note is about its cache, not the one given
+        mem.pop("note", None)
+        if kv_tokens > mem["kv_tokens"]:
+            mem["note"] = (f"more than the {int(mem['kv_tokens'])} tokens the memory fit leaves at "
+                           f"gpu_memory_utilization {cfg.utilization:g}")
     need_blocks = -(-model_len // bs)
     if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
         # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a

@@ -350,6 +350,13 @@ def test_num_gpu_blocks_override_sizes_the_kv_cache(tmp_path, capsys):
     assert main([*base, "--num-gpu-blocks-override", "600"]) == 0
     small = json.loads(capsys.readouterr().out)
     assert small["assumptions"]["kv_cache_tokens"] == 600 * 16 and small["assumptions"]["kv_cache_sized_by"] == "given"
+    assert "note" not in small["memory"]  # the memory fit's cache is not the one simulated: no note of it
+    big = ["simulate", "--model", L70, "--gpu", "h100-sxm", "--isl", "8192", "--osl", "1024", "--concurrency", "2",
+           "--precision", "fp8", "--num-gpu-blocks-override", "700", "--json"]
+    assert main(big) == 0
+    m = json.loads(capsys.readouterr().out)["memory"]
+    assert m["note"].startswith(f"more than the {m['kv_tokens']} tokens the memory fit leaves")
+    assert "utilization_raised_from" not in m
     assert free["assumptions"]["kv_cache_sized_by"] == "memory"
     assert small["steps"]["preemptions"] > 0 == free["steps"]["preemptions"]
     assert small["ttft_ms"] > 2 * free["ttft_ms"]
