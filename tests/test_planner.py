@@ -187,6 +187,11 @@ def test_kv_cache_too_small_for_long_context_is_excluded():
     wl = parse_workload("prompt=fixed:120000,output=fixed:100")
     res = evaluate_layout(get_gpu("NVIDIA L4"), get_model(L8), 1, wl, PlanConfig())
     assert not res.fits and "KV cache" in res.reason and "p99 request" in res.reason
+    assert "it would at gpu_memory_utilization" not in res.reason  # no share of an L4 holds 120k tokens of 8B
+    # Llama-3.1-70B fp8 on one H100, ~9.8k-token requests: the share at which vLLM would hold one is named
+    wl = parse_workload("prompt=fixed:9000,output=fixed:776")
+    near = evaluate_layout(get_gpu("h100-sxm"), get_model(L70), 1, wl, PlanConfig(precision="fp8"))
+    assert not near.fits and near.reason.endswith("(it would at gpu_memory_utilization 0.93)")
 
 
 def test_tp_that_does_not_divide_heads_is_excluded():

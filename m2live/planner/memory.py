@@ -159,6 +159,11 @@ def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanC
     kv_tokens = max(0, int(kv // per_tok))
     need = int(math.ceil(stats.total_p["p99"]))
     reason = _misfit_reason(total, reserve, weights, act, kv, kv_tokens, need, per_tok)
+    if reason and 0 < kv_tokens < need:  # the share of memory at which the request would fit, if any does
+        u = 1.0 - cfg.reserve_fraction + (need - kv_tokens) * per_tok / total
+        u = math.ceil(u * 100 - 1e-9) / 100
+        if u <= 1:
+            reason += f" (it would at gpu_memory_utilization {u:.2f})"
     return MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
 
 
