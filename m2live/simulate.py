@@ -35,13 +35,13 @@ Modules: ``serving_config`` (the benchmark's configuration, vLLM's defaults, the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from .hardware import GpuSpec, get_gpu, tp_beyond_node
+from .planner.memory import starting_utilization
 from .predictor import HostConstants, Prediction, Predictor
 from .serving_config import (
     BLOCK_SIZE,
@@ -125,16 +125,16 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         kv_tokens = cfg.num_gpu_blocks * bs
     else:
         kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
-    if not sized_by_memory:  # the memory fit's own note is about its cache, not the one given
-        mem.pop("note", None)
-        if kv_tokens > mem["kv_tokens"]:
-            mem["note"] = (f"more than the {int(mem['kv_tokens'])} tokens the memory fit leaves at "
-                           f"gpu_memory_utilization {cfg.utilization:g}")
+    if not sized_by_memory and kv_tokens > mem["kv_tokens"]:
+        mem["note"] = (f"more than the {int(mem['kv_tokens'])} tokens the memory fit leaves at "
+                       f"gpu_memory_utilization {cfg.utilization:g}")
     need_blocks = -(-model_len // bs)
+    # the least share whose cache holds one request at full length, less vLLM's null block
+    u = starting_utilization(cfg.utilization, int(mem["kv_tokens"]), (need_blocks + 1) * bs,
+                             mem["kv_bytes_per_token"], mem["total_gb"] * 1e9)
     if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
         # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a
         # server that runs this (the question asked) was given a larger share: the least that starts, in 0.01 steps
-        u = starting_utilization(mem, cfg.utilization, model_len, bs)
         if u <= 1:
             default = cfg.utilization
             cfg = replace(cfg, gpu_memory_utilization=u)
@@ -145,12 +145,13 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
             mem["utilization_raised_from"] = default
     blocks = kv_tokens // bs - 1  # vLLM keeps one block aside (the null block)
     if blocks < need_blocks:
-        hint = "" if not sized_by_memory else (
-            "; not even all of the GPU's memory would hold it: more GPUs (--tp) or "
-            + ("a shorter --max-model-len" if cfg.max_model_len else "shorter requests")
-            if starting_utilization(mem, cfg.utilization, model_len, bs) > 1
-            else f" at --gpu-memory-utilization {cfg.utilization:g} (it would start at "
-                 f"{starting_utilization(mem, cfg.utilization, model_len, bs):.2f})")
+        if not sized_by_memory:
+            hint = ""
+        elif u > 1:
+            hint = ("; not even all of the GPU's memory would hold it: more GPUs (--tp) or "
+                    + ("a shorter --max-model-len" if cfg.max_model_len else "shorter requests"))
+        else:
+            hint = f" at --gpu-memory-utilization {cfg.utilization:g} (it would start at {u:.2f})"
         raise SimulationError(f"the KV cache ({kv_tokens} tokens) cannot hold one request at full length "
                               f"({model_len} tokens): vLLM refuses to start with a max_model_len that long{hint}")
     timer = StepTimer(pred, cfg.clock, async_sched, correct)
@@ -165,15 +166,6 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                      kv_tokens, bs, keep_requests)
-
-
-def starting_utilization(mem: dict, utilization: float, longest: int, block_size: int) -> float:
-    """The least --gpu-memory-utilization, in steps of 0.01, at which vLLM's KV cache holds one request of
-    ``longest`` tokens (vLLM keeps one block aside): the cache grows by the device's memory x the share's rise.
-    Above 1 where no share does."""
-    need_tokens = (-(-longest // block_size) + 1) * block_size
-    short = (need_tokens - mem["kv_tokens"]) * mem["kv_bytes_per_token"]
-    return math.ceil((utilization + short / (mem["total_gb"] * 1e9)) * 100 - 1e-9) / 100
 
 
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums

@@ -160,11 +160,19 @@ def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanC
     need = int(math.ceil(stats.total_p["p99"]))
     reason = _misfit_reason(total, reserve, weights, act, kv, kv_tokens, need, per_tok)
     if reason and 0 < kv_tokens < need:  # the share of memory at which the request would fit, if any does
-        u = 1.0 - cfg.reserve_fraction + (need - kv_tokens) * per_tok / total
-        u = math.ceil(u * 100 - 1e-9) / 100
+        u = starting_utilization(1.0 - cfg.reserve_fraction, kv_tokens, need, per_tok, total)
         if u <= 1:
             reason += f" (it would at gpu_memory_utilization {u:.2f})"
     return MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
+
+
+def starting_utilization(utilization: float, kv_tokens: int, need_tokens: int, kv_bytes_per_token: float,
+                         total_bytes: float) -> float:
+    """The least gpu_memory_utilization, in steps of 0.01, whose KV cache holds ``need_tokens`` where
+    ``utilization`` leaves ``kv_tokens``: the cache grows by the device's memory x the share's rise (the
+    weights, activations and fixed reserve stay). Above 1 where no share does."""
+    u = utilization + (need_tokens - kv_tokens) * kv_bytes_per_token / total_bytes
+    return math.ceil(u * 100 - 1e-9) / 100
 
 
 def _misfit_reason(total: float, reserve: float, weights: float, act: float, kv: float, kv_tokens: int,
