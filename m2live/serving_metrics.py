@@ -48,8 +48,9 @@ class ServingResult:
 
 def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, tp: int, precision: str,
               max_tokens: int, max_seqs: int, graphs: int, async_sched: bool, mem: dict, kv_tokens: int,
-              bs: int, keep: bool) -> ServingResult:
-    """The benchmark's report of a finished ``eng`` run (``keep``: with the per-request arrays)."""
+              bs: int, keep: bool, model_len: int) -> ServingResult:
+    """The benchmark's report of a finished ``eng`` run (``keep``: with the per-request arrays; ``model_len``: the
+    server's --max-model-len, as simulate settled it)."""
     d = cfg.frontend_s
     ttft = eng.t_first + d - eng.t_send
     e2el = eng.t_fin + d - eng.t_send
@@ -79,7 +80,6 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         "predictions": timer.predictions,
     }
     steps["bounds"] = bounds(timer, st)
-    longest = cfg.max_model_len or (int((eng.prompt + eng.out_len).max()) if eng.n else 0)
     ctx = timer.pred.model.max_context
     res = ServingResult(
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
@@ -95,7 +95,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "block_size": bs, "kv_cache_tokens": kv_tokens,
             # the server's --max-model-len: given, or the longest request (vLLM's default, the model's context,
             # starts only where the cache holds that many tokens — model_context_fits)
-            "max_model_len": longest, "max_model_len_from": "given" if cfg.max_model_len else "the longest request",
+            "max_model_len": model_len, "max_model_len_from": "given" if cfg.max_model_len else "the longest request",
             "model_context": ctx,
             "model_context_fits": None if ctx is None else bool(kv_tokens - bs >= ctx),
             "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",

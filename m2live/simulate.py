@@ -165,7 +165,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                  prefix_caching=cfg.prefix_caching)
     eng.run()
     return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
-                     kv_tokens, bs, keep_requests)
+                     kv_tokens, bs, keep_requests, model_len)
 
 
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums
