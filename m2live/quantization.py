@@ -124,6 +124,16 @@ MODELOPT_METHODS = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", 
                     "NVFP4": "modelopt_fp4"}
 
 
+def _json_file(path: Path) -> object | None:
+    """A JSON file's content; None where it is missing or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
 def checkpoint_quant_config(model: object) -> tuple[dict | None, str]:
     """A checkpoint's quantization config as vLLM 0.32 reads it (``transformers_utils/config.py``): config.json's
     ``quantization_config``, else the ``hf_quant_config.json`` beside it (ModelOpt before 0.31), with the
@@ -133,21 +143,14 @@ def checkpoint_quant_config(model: object) -> tuple[dict | None, str]:
     if not isinstance(model, (str, os.PathLike)):
         return None, ""
     path = Path(model) / "config.json" if Path(model).is_dir() else Path(model)
-    if not path.is_file():
-        return None, ""
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None, ""  # get_model says what is wrong with the file
+    cfg = _json_file(path)
+    if cfg is None:
+        return None, ""  # no file, or not JSON: get_model says what is wrong with it
     qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     where = path.name
     sidecar = path.parent / "hf_quant_config.json"
     if qc is None and sidecar.is_file():
-        try:
-            qc = json.loads(sidecar.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            qc = None
-        where = sidecar.name
+        qc, where = _json_file(sidecar), sidecar.name
     if not isinstance(qc, dict):
         return None, path.name
     inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else {}
