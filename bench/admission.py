@@ -265,16 +265,14 @@ class Server:
 
     def counter(self, name: str) -> float:
         """A counter of the server's own Prometheus metrics (``/metrics``), summed over its label sets."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             text = r.read().decode()
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-        if not seen:
+        values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+        if not values:
             raise BenchError(f"the server exports no {name}")
-        return total
+        return float(sum(values))
 
     def complete(self, prompt_words: int, max_tokens: int, seed: int) -> None:
         rng = random.Random(seed)
