@@ -274,10 +274,10 @@ def run(args: argparse.Namespace) -> int:
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
                 _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
-                _utilization(args.gpu_memory_utilization),
-                _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
-                parse_switch(args.prefix_caching, "--prefix-caching"),
-                _opt_int(args.max_model_len, "--max-model-len"))
+                gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
+                num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
+                prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
+                max_model_len=_opt_int(args.max_model_len, "--max-model-len"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
