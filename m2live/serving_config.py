@@ -15,12 +15,22 @@ import numpy as np
 
 from .hardware import GpuSpec
 from .shapes import ModelShape
+from .vllm_release import (
+    DEFAULT_GPU_RELEASE,
+    UTILIZATION_WITH_GRAPH_PROFILE,
+    ReleaseError,
+    VllmRelease,
+    batch_defaults,
+    default_release,
+    graph_capture_ceiling,
+    utilization_default,
+)
 
 GIB = 1024**3
 # vLLM's default --gpu-memory-utilization: 0.92 since CUDA-graph memory entered its start-up profile (on by default
 # since v0.21; config/cache.py of 0.32, and a vLLM 0.31 start-up log: "Desired GPU memory utilization is (0.92,
-# 72.91 GiB)"); 0.9 before. Until 2026-12-06 m2live took 0.9.
-GPU_MEMORY_UTILIZATION = 0.92
+# 72.91 GiB)"); 0.9 before (vllm_release.utilization_default). Until 2026-12-06 m2live took 0.9.
+GPU_MEMORY_UTILIZATION = UTILIZATION_WITH_GRAPH_PROFILE
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size on CUDA (CacheConfig.DEFAULT_BLOCK_SIZE)
 MAX_GPU_BLOCKS = 2**31 - 1  # vLLM's block tables hold int32 block ids
 CPU_BLOCK_SIZE = 128  # ... on the CPU backend (platforms/cpu.py)
@@ -71,19 +81,10 @@ def cached_prefix(prompt_tokens: int, block_size: int) -> int:
 
 
 # ---- vLLM's defaults ----------------------------------------------------------------------------------------
-def vllm_batch_defaults(gpu: GpuSpec, tp: int = 1) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of vLLM's OpenAI server on this device
-    (``EngineArgs.get_batch_defaults``, usage context OPENAI_API_SERVER): >= 160 GiB of device memory
-    16384 / 1024; >= 70 GiB and not an A100 8192 / 1024; other GPUs 2048 / 256; the CPU backend
-    2048 x world size / 128 x world size."""
-    if gpu.arch == "cpu":
-        return 2048 * tp, 128 * tp
-    gib = gpu.mem_bytes / GIB
-    if gib >= 160:
-        return 16384, 1024
-    if gib >= 70 and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, 256
+def vllm_batch_defaults(gpu: GpuSpec, tp: int = 1, release: VllmRelease | None = None) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of vLLM's OpenAI server on this device in ``release`` (None: the
+    release simulated by default, ``vllm_release.default_release``): ``vllm_release.batch_defaults``."""
+    return batch_defaults(gpu, tp, release or default_release(gpu))
 
 
 def send_schedule(n: int, rate: float, seed: int = 0) -> np.ndarray:
@@ -94,12 +95,14 @@ def send_schedule(n: int, rate: float, seed: int = 0) -> np.ndarray:
     return t * (n / rate) / t[-1]
 
 
-def cuda_graph_capture_max(gpu: GpuSpec, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """Largest captured CUDA-graph batch (``VllmConfig._set_cudagraph_sizes``): min(2 x max_num_seqs, 512,
-    or 1024 on compute capability 10.x), never above the token budget; 0 on the CPU backend (no graphs)."""
+def cuda_graph_capture_max(gpu: GpuSpec, max_num_seqs: int, max_num_batched_tokens: int,
+                           release: VllmRelease | None = None) -> int:
+    """Largest captured CUDA-graph batch (``VllmConfig._set_cudagraph_sizes``): min(2 x max_num_seqs, the
+    release's ceiling — 512, or 1024 on compute capability 10.x from vLLM 0.28), never above the token budget; 0 on
+    the CPU backend (no graphs)."""
     if gpu.arch == "cpu":
         return 0
-    ceiling = 1024 if gpu.compute_capability[0] == 10 else 512
+    ceiling = graph_capture_ceiling(gpu, release or default_release(gpu))
     return min(2 * max_num_seqs, ceiling, max_num_batched_tokens)
 
 
@@ -146,11 +149,21 @@ class ServingConfig:
     # between random prompts it only matters to a preempted request, which finds what is left of its own prefix
     # cached, and to the benchmark's test run
     prefix_caching: bool = True
+    # the vLLM release whose defaults the server runs with (vllm_release): None the release simulated by default
+    # (vllm_release.default_release: the one m2live's GPU kernel tables were measured in)
+    vllm_version: VllmRelease | None = None
+
+    def release(self, gpu: GpuSpec) -> VllmRelease:
+        """The vLLM release simulated on ``gpu``: the one given, else the default for the device."""
+        return self.vllm_version or default_release(gpu)
 
     @property
     def utilization(self) -> float:
-        """The share of device memory vLLM may use (``gpu_memory_utilization``, or vLLM's default)."""
-        return GPU_MEMORY_UTILIZATION if self.gpu_memory_utilization is None else self.gpu_memory_utilization
+        """The share of device memory vLLM may use (``gpu_memory_utilization``, or the release's default; a GPU
+        release when none was given — the CPU backend sizes its cache by VLLM_CPU_KVCACHE_SPACE instead)."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return utilization_default(self.vllm_version or DEFAULT_GPU_RELEASE)
 
     @property
     def open_loop(self) -> bool:
@@ -158,6 +171,11 @@ class ServingConfig:
         return self.request_rate is not None and math.isfinite(self.request_rate)
 
     def __post_init__(self) -> None:
+        if self.vllm_version is not None and not isinstance(self.vllm_version, VllmRelease):
+            try:  # a version string ("0.24", "0.32.0"): the release
+                object.__setattr__(self, "vllm_version", VllmRelease.parse(self.vllm_version))
+            except ReleaseError as e:
+                raise SimulationError(str(e)) from None
         for name in ("concurrency", "num_prompts", "max_num_batched_tokens", "max_num_seqs", "block_size",
                      "kv_tokens", "num_gpu_blocks", "max_model_len"):
             v = getattr(self, name)

