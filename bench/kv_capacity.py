@@ -80,7 +80,10 @@ def fit_gib(p: dict, utilization: float) -> tuple[float, int]:
     """(KV cache GiB, tokens) that ``simulate`` serves from at ``utilization`` (serving_config.kv_capacity)."""
     shard = replace(p["model"].sharded(p["tp"]), kv_dtype_bytes=p["kv_bytes"])
     mem = kv_capacity(get_gpu(p["gpu"]), shard, p["max_num_batched_tokens"], p["max_num_seqs"],
-                      ServingConfig(concurrency=1, gpu_memory_utilization=utilization), 1, p["precision"])
+                      ServingConfig(concurrency=1, gpu_memory_utilization=utilization,
+                                    # the log's release (its sampler's profile run); unstated: m2live's default
+                                    vllm_version=None if p["vllm"] == "not stated" else p["vllm"]),
+                      1, p["precision"])
     return mem["kv_cache_gb"] * 1e9 / GIB, mem["kv_tokens"]
 
 

@@ -218,7 +218,8 @@ def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int,
     from .workload import WorkloadStats
 
     pc = PlanConfig(max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
-                    reserve_fraction=1.0 - cfg.utilization, reserve_bytes=cfg.reserve_bytes)
+                    reserve_fraction=1.0 - cfg.utilization, reserve_bytes=cfg.reserve_bytes,
+                    vllm_version=cfg.release(gpu))
     pct = {"p50": float(need_tokens), "p90": float(need_tokens), "p99": float(need_tokens)}
     stats = WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, pct, pct, pct)
     fit = memory_fit(gpu, shard, stats, pc, precision)

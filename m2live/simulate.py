@@ -134,7 +134,9 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                        f"gpu_memory_utilization {cfg.utilization:g}")
     need_blocks = -(-model_len // bs)
     # the least share whose cache holds one request at full length, less vLLM's null block
-    u = starting_utilization(cfg.utilization, int(mem["kv_tokens"]), (need_blocks + 1) * bs,
+    # the cache's bytes at this share, negative where weights and activations take more (to_dict clamps them)
+    kv_signed = 1e9 * (mem["total_gb"] - mem["reserve_gb"] - mem["weights_gb"] - mem["activations_gb"])
+    u = starting_utilization(cfg.utilization, kv_signed / mem["kv_bytes_per_token"], (need_blocks + 1) * bs,
                              mem["kv_bytes_per_token"], mem["total_gb"] * 1e9)
     if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
         # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a

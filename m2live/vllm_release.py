@@ -81,6 +81,11 @@ LARGE_MEMORY_BUDGET_FROM = VllmRelease(0, 28)
 # config/vllm.py). Placed with the budget change in 0.28, the first release both are known to be in by date;
 # before it 512, as on every other GPU.
 BLACKWELL_GRAPHS_1024_FROM = VllmRelease(0, 28)
+# The start-up profile's dummy sampler run masks top-k/top-p with a Triton kernel in place from 0.32 (14 bytes a
+# logit at its peak) where earlier releases sort the logits (~40): planner.memory.sampler_profile_bytes_per_logit.
+# Over max_num_seqs 1024 rows of Llama 3's 128k vocabulary that is 3.4 GB more activation peak, on every GPU, before
+# 0.32 — and as much less KV cache (start-up logs of 0.21 and 0.31 agree with the heavier one: bench/kv_capacity.py).
+SAMPLER_TRITON_TOPK_FROM = VllmRelease(0, 32)
 
 
 def default_release(gpu: GpuSpec) -> VllmRelease:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from m2live.planner import PlanConfig, memory_fit
 from m2live.predictor import OpModel
 from m2live.shapes import get_model
 from m2live.validate import RowPredictor, gemm_ms, in_core_region, mape, measured, read_table, score_directory
+from m2live.vllm_release import VllmRelease
 from m2live.workload import parse_workload
 
 OPBENCH_FP8 = SHARED / "data" / "opbench_fp8"
@@ -155,20 +155,23 @@ def test_memory_follows_the_precision_llama_70b_on_one_h100_and_one_h200():
     proj = shape.layers * sum(n * k for n, k in shape.gemms().values())
     assert bf16 - fp8 == proj  # only the projections drop to 1 byte; embeddings, LM head, norms stay bf16
     assert fp8 / 1e9 == pytest.approx(72.7, abs=0.1) and bf16 / 1e9 == pytest.approx(141.1, abs=0.1)
-    stats, cfg = parse_workload("chat").stats(), PlanConfig()
+    stats, cfg = parse_workload("chat").stats(), PlanConfig(vllm_version=VllmRelease(0, 32))
     h100, h200 = get_gpu("NVIDIA H100 80GB HBM3"), get_gpu("NVIDIA H200")
-    # vLLM's defaults leave 79.0 GiB (CUDA's total) x 0.92 - 0.5 GiB = 77.5 GB: the fp8 weights (72.7 GB) and the
-    # activation peak (2.0 GB: the forward at 8192 tokens) fit, ~8.7k tokens of KV cache — a chat request's p99 fits;
-    # the bf16 weights (141 GB) do not
+    # vLLM 0.32's defaults leave 79.0 GiB (CUDA's total) x 0.92 - 0.5 GiB = 77.5 GB: the fp8 weights (72.7 GB) and
+    # the activation peak (2.0 GB: the forward at 8192 tokens) fit, ~8.7k tokens of KV cache — a chat request's p99
+    # fits; the bf16 weights (141 GB) do not. Before 0.32 the sampler's profile run over 1024 rows of the vocabulary
+    # peaks at 5.4 GB and leaves no KV cache at 0.92
     assert not memory_fit(h100, shape, stats, cfg, "bf16").fits
     assert "weights" in memory_fit(h100, shape, stats, cfg, "bf16").reason
     one = memory_fit(h100, shape, stats, cfg, "fp8")
     assert one.fits and 8000 < one.kv_tokens < 9500
     assert one.activation_bytes / 1e9 == pytest.approx(2.0, abs=0.05)
+    older = memory_fit(h100, shape, stats, PlanConfig(), "fp8")  # the default release, 0.24
+    assert not older.fits and older.kv_tokens == 0 and older.activation_bytes / 1e9 == pytest.approx(5.4, abs=0.05)
     # the public start-up log of nvidia/Llama-3.3-70B-Instruct-FP8 (the same shapes) on one H100 logged 5.11 GiB of KV
-    # cache with an fp8 KV cache (33,504 tokens) at a gpu_memory_utilization it does not state; at 0.95 this fit gives
-    # 5.0 GiB (and at 0.92, the default, 2.67)
-    at95 = memory_fit(h100, shape, stats, replace(cfg, reserve_fraction=0.05), "fp8")
+    # cache with an fp8 KV cache (33,504 tokens) at a gpu_memory_utilization it does not state, its server started
+    # with --max-num-seqs 8; at 0.95 this fit gives 5.1 GiB, at either release (8 rows: the forward pass binds)
+    at95 = memory_fit(h100, shape, stats, PlanConfig(reserve_fraction=0.05, max_num_seqs=8), "fp8")
     assert at95.kv_bytes / 2**30 == pytest.approx(5.11, rel=0.05)
     assert memory_fit(h200, shape, stats, cfg, "fp8").fits
     assert not memory_fit(h200, shape, stats, cfg, "bf16").fits

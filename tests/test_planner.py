@@ -27,6 +27,7 @@ from m2live.planner import (
     validate_vidur,
 )
 from m2live.record import StepRecord
+from m2live.vllm_release import VllmRelease
 from m2live.workload import WorkloadError, from_trace, parse_workload, preset
 
 L8 = "meta-llama/Llama-3.1-8B"
@@ -184,14 +185,21 @@ def test_model_that_does_not_fit_is_excluded_with_reason():
 
 
 def test_kv_cache_too_small_for_long_context_is_excluded():
-    wl = parse_workload("prompt=fixed:120000,output=fixed:100")
-    res = evaluate_layout(get_gpu("NVIDIA L4"), get_model(L8), 1, wl, PlanConfig())
+    wl = parse_workload("prompt=fixed:120000,output=fixed:100")  # an L4 at vLLM's own limits for it
+    res = evaluate_layout(get_gpu("NVIDIA L4"), get_model(L8), 1, wl, PlanConfig(max_num_seqs=256,
+                                                                                   max_batched_tokens=2048))
     assert not res.fits and "KV cache" in res.reason and "p99 request" in res.reason
     assert "it would at gpu_memory_utilization" not in res.reason  # no share of an L4 holds 120k tokens of 8B
-    # Llama-3.1-70B fp8 on one H100, ~9.8k-token requests: the share at which vLLM would hold one is named
+    # Llama-3.1-70B fp8 on one H100, ~9.8k-token requests: the share at which vLLM would hold one is named — vLLM
+    # 0.32's sampler profile leaves 8.7k tokens at 0.92, 0.24's (the default release: 3.4 GB more activation peak
+    # over 1024 rows of the vocabulary) none at all
     wl = parse_workload("prompt=fixed:9000,output=fixed:776")
-    near = evaluate_layout(get_gpu("h100-sxm"), get_model(L70), 1, wl, PlanConfig(precision="fp8"))
+    near = evaluate_layout(get_gpu("h100-sxm"), get_model(L70), 1, wl,
+                           PlanConfig(precision="fp8", vllm_version=VllmRelease(0, 32)))
     assert not near.fits and near.reason.endswith("(it would at gpu_memory_utilization 0.93)")
+    near = evaluate_layout(get_gpu("h100-sxm"), get_model(L70), 1, wl, PlanConfig(precision="fp8"))
+    assert not near.fits and "leave no KV cache" in near.reason
+    assert near.reason.endswith("(it would at gpu_memory_utilization 0.97)")
 
 
 def test_tp_that_does_not_divide_heads_is_excluded():
@@ -218,6 +226,23 @@ def test_h200_never_slower_than_h100_on_memory_bound_decode():
     assert tps["NVIDIA H200"] >= tps["NVIDIA H100 80GB HBM3"]
 
 
+def test_engine_limits_are_vllms_for_each_device_unless_given():
+    """rank runs each layout with the limits vLLM's OpenAI server gives that device in the simulated release (an
+    L40S 2048 tokens / 256 sequences, an H100 8192 / 1024; a B200 8192 / 1024 in 0.24, 16384 / 1024 from 0.28),
+    or the ones given; the sampler's start-up profile, and so the KV cache, follows them."""
+    wl = preset("chat")
+    limits = {g: evaluate_layout(get_gpu(g), get_model(L8), 1, wl, PlanConfig()).engine_limits
+              for g in ("NVIDIA L40S", "h100-sxm", "NVIDIA B200")}
+    assert limits["NVIDIA L40S"] == {"max_num_seqs": 256, "max_batched_tokens": 2048}
+    assert limits["h100-sxm"] == limits["NVIDIA B200"] == {"max_num_seqs": 1024, "max_batched_tokens": 8192}
+    new = evaluate_layout(get_gpu("NVIDIA B200"), get_model(L8), 1, wl, PlanConfig(vllm_version=VllmRelease(0, 32)))
+    assert new.engine_limits == {"max_num_seqs": 1024, "max_batched_tokens": 16384}
+    given = evaluate_layout(get_gpu("NVIDIA L40S"), get_model(L8), 1, wl, PlanConfig(max_num_seqs=64))
+    assert given.engine_limits == {"max_num_seqs": 64, "max_batched_tokens": 2048}
+    assert given.memory.kv_tokens > evaluate_layout(get_gpu("NVIDIA L40S"), get_model(L8), 1, wl,
+                                                    PlanConfig()).memory.kv_tokens  # a lighter sampler profile
+
+
 def test_operating_point_meets_slo_and_search_is_tight():
     wl = preset("chat")
     cfg = PlanConfig(slo_s=0.04)
@@ -235,7 +260,7 @@ def test_operating_point_meets_slo_and_search_is_tight():
         if b_max < cap:  # SLO-limited: one more decode would break the SLO
             assert lm.t_steady(b_max + 1) > cfg.slo_s
         assert lm.kv_needed(res.decode_batch) <= res.memory.kv_tokens
-        assert 0 < res.chunk_budget <= cfg.max_batched_tokens
+        assert 0 < res.chunk_budget <= lm.cfg.max_batched_tokens
 
 
 def test_looser_slo_never_fewer_decodes_and_impossible_slo_is_reported():

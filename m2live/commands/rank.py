@@ -19,7 +19,7 @@ from rich.console import Console
 from ..planner import PlanError, rank, validate_opbench
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES
 from ..workload import parse_workload
-from .engine_args import add_allreduce_fusion, add_async_scheduling
+from .engine_args import add_allreduce_fusion, add_async_scheduling, add_vllm_version
 from .rank_args import nonneg_int, parse_gpus, parse_tp_list, plan_config, png_path
 from .rank_output import json_default, plot_ranking, plot_validation, print_ranking, print_validation
 
@@ -45,8 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tokens, half the bytes attention streams; priced by its bytes)")
     add_async_scheduling(p)
     add_allreduce_fusion(p)
-    p.add_argument("--max-seqs", default="1024", help="vLLM max_num_seqs (default 1024)")
-    p.add_argument("--max-batched-tokens", default="8192", help="vLLM max_num_batched_tokens (default 8192)")
+    add_vllm_version(p)
+    p.add_argument("--max-seqs", help="vLLM max_num_seqs (default: vLLM's for each device, e.g. 1024 on an H100, "
+                                       "256 on an L40S)")
+    p.add_argument("--max-batched-tokens", help="vLLM max_num_batched_tokens (default: vLLM's for each device, e.g. "
+                                                "8192 on an H100, 2048 on an A100 or L40S)")
     p.add_argument("--top", default="0", help="show only the best N layouts in the table (default: all)")
     p.add_argument("--plot", metavar="FILE.png", help="write a picture: throughput vs SLO and ranked bars")
     p.add_argument("--validate", nargs="+", metavar="DIR",

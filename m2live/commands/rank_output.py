@@ -7,7 +7,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from ..planner import LayoutResult, Ranking
+from ..planner import LayoutResult, PlanConfig, Ranking
 from ..planner.memory import reserve_label
 
 _ABBR = {"compute": "cmp", "memory": "mem", "communication": "comm", "host": "host"}
@@ -27,6 +27,15 @@ def json_default(o: object) -> object:
 
 
 # ---- the ranking --------------------------------------------------------------------------------------------
+def _limits_text(cfg: PlanConfig) -> str:
+    """The engine limits in the header: the ones given, and whose the others are (vLLM's for each device)."""
+    given = [f"{label} {v}" for label, v in (("max_num_seqs", cfg.max_num_seqs),
+                                              ("token budget", cfg.max_batched_tokens)) if v]
+    if len(given) < 2:
+        given.append(f"vLLM {cfg.vllm_version}'s {'limits' if not given else 'other limit'} for each device")
+    return ", ".join(given)
+
+
 def _header(c: Console, r: Ranking) -> None:
     st = r.workload.stats()
     cfg = r.config
@@ -36,7 +45,7 @@ def _header(c: Console, r: Ranking) -> None:
     c.print(f"  mean prompt {st.mean_prompt:.0f}, mean output {st.mean_output:.0f}, decode context "
             f"{st.decode_ctx:.0f}, p99 request {st.total_p['p99']:.0f} tokens; SLO {slo}; clock {cfg.clock}; "
             f"{cfg.precision} weights; "
-            f"max_num_seqs {cfg.max_num_seqs}, token budget {cfg.max_batched_tokens}")
+            + _limits_text(cfg))
     ctx = r.model.max_context
     if ctx is not None and st.total_p["p99"] > ctx:
         c.print(f"  [yellow]requests longer than the model's context ({ctx} tokens) are refused by the server: the "

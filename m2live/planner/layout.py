@@ -16,6 +16,7 @@ from ..hardware import GpuSpec
 from ..predictor import Prediction, Predictor
 from ..shapes import ModelShape
 from ..step import Step
+from ..vllm_release import allreduce_fusion_default
 from ..workload import WorkloadStats
 from .memory import PlanConfig, memory_fit
 
@@ -53,11 +54,13 @@ class LayoutModel:
     """Step times of one GPU x TP layout for one workload (memoised: the searches revisit batch sizes)."""
 
     def __init__(self, gpu: GpuSpec, model: ModelShape, tp: int, stats: WorkloadStats, cfg: PlanConfig):
+        cfg = cfg.for_gpu(gpu, tp)  # vLLM's engine limits for this device where none were given
         self.gpu, self.tp, self.stats, self.cfg = gpu, tp, stats, cfg
         self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, act_scale=cfg.act_scale,
                               kv_cache_dtype=cfg.kv_cache_dtype,
                               **cfg.constants.get(gpu.name, {}),
-                              allreduce_fusion=cfg.allreduce_fusion)
+                              allreduce_fusion=cfg.allreduce_fusion if cfg.allreduce_fusion is not None
+                              else allreduce_fusion_default(cfg.vllm_version))
         self.shard = self.pred.model
         self.mem = memory_fit(gpu, self.shard, stats, cfg, cfg.precision)
         self.ratio = stats.prefill_per_decode

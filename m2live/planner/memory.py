@@ -10,12 +10,13 @@ length. A layout that fails says which term did not fit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec
 from ..serving_config import GPU_MEMORY_UTILIZATION
 from ..shapes import ModelShape
+from ..vllm_release import DEFAULT_GPU_RELEASE, SAMPLER_TRITON_TOPK_FROM, VllmRelease, batch_defaults
 from ..workload import WorkloadStats
 
 GIB = 1024**3
@@ -51,10 +52,14 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class PlanConfig:
     slo_s: float | None = None  # per-step latency SLO (= inter-token latency); None: no latency limit
-    max_num_seqs: int = 1024  # vLLM V1 default max_num_seqs (OpenAI server, GPUs with >= 70 GiB)
-    max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (token budget per step)
+    # vLLM's max_num_seqs and max_num_batched_tokens (the token budget per step); None: its OpenAI server's defaults
+    # for each device in ``vllm_version`` (``for_gpu``: vllm_release.batch_defaults)
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None
     reserve_fraction: float = 1.0 - GPU_MEMORY_UTILIZATION  # what vLLM's gpu_memory_utilization leaves out
     reserve_bytes: float | None = None  # None: engine_reserve_bytes(tp) (non-torch memory and CUDA graphs)
+    # the vLLM release whose start-up profile sizes the KV cache (its sampler's dummy run: vllm_release)
+    vllm_version: VllmRelease = DEFAULT_GPU_RELEASE
     clock: str = "forecast"  # "forecast" (power-cap model) | "boost"
     prices: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $ per GPU-hour
     rank_by: str = "auto"  # auto | gpu | dollar | layout
@@ -66,11 +71,22 @@ class PlanConfig:
     async_scheduling: bool | None = None  # vLLM's async scheduling in the simulated serving (None: its default)
     allreduce_fusion: bool | None = None  # vLLM's all-reduce + RMSNorm fusion under TP (None: its default)
 
+    def for_gpu(self, gpu: GpuSpec, tp: int) -> PlanConfig:
+        """This configuration with the engine limits left unset taken as vLLM's OpenAI server sets them on ``gpu``
+        (``vllm_release.batch_defaults``), a defaulted max_num_seqs lowered to a smaller token budget as vLLM does."""
+        if self.max_num_seqs is not None and self.max_batched_tokens is not None:
+            return self
+        d_tok, d_seqs = batch_defaults(gpu, tp, self.vllm_version)
+        tokens = self.max_batched_tokens or d_tok
+        return replace(self, max_batched_tokens=tokens, max_num_seqs=self.max_num_seqs or min(d_seqs, tokens))
+
     def __post_init__(self) -> None:
         if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):
             raise PlanError(f"SLO must be a positive number of seconds, got {self.slo_s!r}")
         for name in ("max_num_seqs", "max_batched_tokens"):
             v = getattr(self, name)
+            if v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
         if not 0 <= self.reserve_fraction < 1:
@@ -91,19 +107,31 @@ class PlanConfig:
 # Bytes per (sampled row x vocabulary entry) live at the peak of vLLM's dummy sampler run: the gathered bf16
 # logits (kept by the caller), their fp32 copy (Sampler.forward), the fp32 probabilities and the fp32 exponential
 # noise of random_sample; top-k/top-p masks in place (the Triton kernel, apply_top_k_top_p_triton). From vLLM
-# 0.32's code (v1/sample/sampler.py, ops/topk_topp_sampler.py), not fitted. Older releases' sort-based masking
-# peaks near 39 bytes (start-up logs of 0.8.5-0.31 at 256 sequences: 1.2-1.45 GiB of activation peak).
+# 0.32's code (v1/sample/sampler.py, ops/topk_topp_sampler.py), not fitted.
 SAMPLER_PROFILE_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+# ... and in the releases before it (vllm_release.SAMPLER_TRITON_TOPK_FROM), whose top-k/top-p masking sorts the
+# logits: ~28 B of live tensors at its scatter (the bf16 and fp32 logits, the sorted values and their int64
+# indices, the softmax, the masks, the scattered copy) plus the radix sort's buffers, ~40 B; start-up logs of
+# 0.8.5-0.31 at 256 sequences show 1.2-1.45 GiB of activation peak, ~39 B a logit. Not fitted: with it the two
+# pre-0.32 start-up logs of bench/kv_capacity.py (0.21, 0.31) come out +0.2 / +0.35 % where 14 B gave +2.1 / +1.6 %.
+SAMPLER_SORT_PROFILE_BYTES_PER_LOGIT = 40
 
 
-def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precision: str = "bf16") -> float:
+def sampler_profile_bytes_per_logit(release: VllmRelease) -> int:
+    """Bytes per sampled row x vocabulary entry at the peak of ``release``'s dummy sampler run."""
+    return (SAMPLER_PROFILE_BYTES_PER_LOGIT if release >= SAMPLER_TRITON_TOPK_FROM
+            else SAMPLER_SORT_PROFILE_BYTES_PER_LOGIT)
+
+
+def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precision: str = "bf16",
+                     sampler_bytes_per_logit: float = SAMPLER_PROFILE_BYTES_PER_LOGIT) -> float:
     """The activation peak vLLM's start-up profile measures on one GPU (``gpu_model_runner.profile_run``): the
     larger of its two passes, which run one after the other — the forward pass at the token budget (the
     residual stream and normed input, plus the larger of the attention block's q/k/v and output and the MLP's
     gate_up and activation outputs: the one layer's intermediates live at once; under fp8 the e4m3 copy of a
     projection's input, 1 byte a element) and the sampler's dummy run over min(max_num_seqs, budget) rows of
     the *whole* vocabulary on every GPU (vLLM V1 all-gathers the logits and samples on every rank), with the
-    forward's hidden states still held. Until 2026-12-06 the two were summed, the logits counted per vocab shard
+    forward's hidden states still held (``sampler_bytes_per_logit``: the release's, sampler_profile_bytes_per_logit). Until 2026-12-06 the two were summed, the logits counted per vocab shard
     at 8 bytes and every intermediate of a layer as live at once: Llama-3.1-70B fp8 on one H100 at vLLM's
     defaults 3.47 GB, now 2.01 GB."""
     d = shard.dtype_bytes
@@ -115,7 +143,7 @@ def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precisio
     if precision == "fp8":
         forward += max_tokens * max(h, q, shard.intermediate // shard.tp)
     rows = min(max_seqs, max_tokens)
-    sampler = SAMPLER_PROFILE_BYTES_PER_LOGIT * rows * shard.vocab + d * (max_tokens + 2 * rows) * h
+    sampler = sampler_bytes_per_logit * rows * shard.vocab + d * (max_tokens + 2 * rows) * h
     return float(max(forward, sampler))
 
 
@@ -149,28 +177,31 @@ class MemoryFit:
 def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanConfig,
                precision: str = "bf16") -> MemoryFit:
     """Weights (fp8 W8A8: the four projections at 1 byte per weight), activations and the KV cache on one GPU."""
+    cfg = cfg.for_gpu(gpu, shard.tp)
     total = gpu.mem_bytes
     fixed = engine_reserve_bytes(shard.tp) if cfg.reserve_bytes is None else cfg.reserve_bytes
     reserve = total * cfg.reserve_fraction + fixed
     weights = float(shard.weight_bytes(precision))
-    act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs, precision)
+    act = activation_bytes(shard, cfg.max_batched_tokens, cfg.max_num_seqs, precision,
+                           sampler_profile_bytes_per_logit(cfg.vllm_version))
     kv = total - reserve - weights - act
     per_tok = shard.kv_bytes_per_token()
     kv_tokens = max(0, int(kv // per_tok))
     need = int(math.ceil(stats.total_p["p99"]))
     reason = _misfit_reason(total, reserve, weights, act, kv, kv_tokens, need, per_tok)
-    if reason and 0 < kv_tokens < need:  # the share of memory at which the request would fit, if any does
-        u = starting_utilization(1.0 - cfg.reserve_fraction, kv_tokens, need, per_tok, total)
+    if reason and weights <= total - reserve and kv_tokens < need:  # the share at which it would fit, if any
+        u = starting_utilization(1.0 - cfg.reserve_fraction, kv / per_tok, need, per_tok, total)
         if u <= 1:
             reason += f" (it would at gpu_memory_utilization {u:.2f})"
     return MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
 
 
-def starting_utilization(utilization: float, kv_tokens: int, need_tokens: int, kv_bytes_per_token: float,
+def starting_utilization(utilization: float, kv_tokens: float, need_tokens: int, kv_bytes_per_token: float,
                          total_bytes: float) -> float:
     """The least gpu_memory_utilization, in steps of 0.01, whose KV cache holds ``need_tokens`` where
-    ``utilization`` leaves ``kv_tokens``: the cache grows by the device's memory x the share's rise (the
-    weights, activations and fixed reserve stay). Above 1 where no share does."""
+    ``utilization`` leaves ``kv_tokens`` (negative where the weights and activations take more than the share: the
+    tokens short): the cache grows by the device's memory x the share's rise (the weights, activations and fixed
+    reserve stay). Above 1 where no share does."""
     u = utilization + (need_tokens - kv_tokens) * kv_bytes_per_token / total_bytes
     return math.ceil(u * 100 - 1e-9) / 100
 

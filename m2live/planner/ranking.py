@@ -51,6 +51,7 @@ class LayoutResult:
     replay: dict | None = None
     fleet: dict | None = None
     serving: dict | None = None  # the operating point served as vLLM's benchmark would see it (simulate.py)
+    engine_limits: dict | None = None  # max_num_seqs and max_batched_tokens this layout ran with (PlanConfig.for_gpu)
     rank: int | None = None
     score: float | None = None
 
@@ -68,6 +69,7 @@ class LayoutResult:
         d = {
             "rank": self.rank, "gpu": self.gpu, "tp": self.tp, "fits": self.fits, "feasible": self.feasible,
             "reason": self.reason, "memory": self.memory.to_dict(), "score": self.score,
+            **({"engine_limits": self.engine_limits} if self.engine_limits else {}),
         }
         if not self.fits:
             return d
@@ -133,7 +135,7 @@ def _simulate_at(lm: LayoutModel, prompts, outputs, concurrency: int):
                          max_num_seqs=min(cfg.max_num_seqs, cfg.max_batched_tokens),  # as vLLM lowers it
                          kv_tokens=max(1, lm.mem.kv_tokens), clock=cfg.clock,
                          test_run_cached=False,  # a server under its workload: no benchmark test run
-                         async_scheduling=cfg.async_scheduling)
+                         async_scheduling=cfg.async_scheduling, vllm_version=cfg.vllm_version)
     return simulate(lm.pred.model, lm.gpu, lm.tp, prompts, outputs, scfg, precision=cfg.precision,
                     predictor=lm.pred)
 
@@ -273,13 +275,15 @@ def evaluate_layout(gpu: GpuSpec, model: ModelShape, tp: int, wl: Workload, cfg:
         assert refused is not None
         return refused
     res = LayoutResult(gpu.name, tp, lm.mem, fits=lm.mem.fits, reason=lm.mem.reason,
-                       price_per_gpu_hour=cfg.prices.get(gpu.name))
+                       price_per_gpu_hour=cfg.prices.get(gpu.name),
+                       engine_limits={"max_num_seqs": lm.cfg.max_num_seqs,
+                                      "max_batched_tokens": lm.cfg.max_batched_tokens})
     if not lm.mem.fits:
         return res
     cap, which = lm.resource_cap()
     if cap < 1:
         res.fits = False
-        res.reason = f"{which}: not even one request fits (token budget {cfg.max_batched_tokens})"
+        res.reason = f"{which}: not even one request fits (token budget {lm.cfg.max_batched_tokens})"
         return res
     slo = cfg.slo_s
     b_max = lm.max_batch(slo, cap)
@@ -318,15 +322,17 @@ class Ranking:
             "assumptions": {
                 "clock": c.clock, "precision": c.precision, "act_scale": c.act_scale,
                 "kv_cache_dtype": c.kv_cache_dtype,
+                # None: vLLM's OpenAI server defaults for each device (each layout's engine_limits)
                 "max_num_seqs": c.max_num_seqs, "max_batched_tokens": c.max_batched_tokens,
                 "memory_reserve_fraction": c.reserve_fraction,
                 # None: by TP, as memory_reserve says
                 "memory_reserve_gib": None if c.reserve_bytes is None else c.reserve_bytes / GIB,
                 "memory_reserve": reserve_label(c.reserve_bytes),
-                "async_scheduling": "vLLM's default (on for GPUs)" if c.async_scheduling is None
-                else c.async_scheduling,
-                "allreduce_fusion": "vLLM's default (on for Hopper and Blackwell data-centre GPUs under TP)"
-                if c.allreduce_fusion is None else c.allreduce_fusion,
+                "vllm_version": str(c.vllm_version),
+                "async_scheduling": f"vLLM {c.vllm_version}'s default (on for GPUs from 0.14)"
+                if c.async_scheduling is None else c.async_scheduling,
+                "allreduce_fusion": f"vLLM {c.vllm_version}'s default (from 0.16 on for Hopper and Blackwell "
+                                    "data-centre GPUs under TP)" if c.allreduce_fusion is None else c.allreduce_fusion,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",
                 "serving": "throughput, TTFT and TPOT from m2live.simulate (vLLM V1's scheduler, closed loop at "
