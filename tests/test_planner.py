@@ -304,6 +304,28 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def test_rank_vllm_version_flag(capsys):
+    """rank --vllm-version: the release's memory share (0.9 before 0.21), its engine limits per device and its
+    sampler profile; the JSON says which release; a release before V1's is one line, exit 2."""
+    import json
+
+    base = ["--model", L8, "--workload", "chat", "--gpus", "NVIDIA B200", "--tp", "1", "--json"]
+    got = {}
+    for v in ("0.15", "0.24", "0.32"):
+        rc, out, _ = _run(capsys, *base, "--vllm-version", v)
+        assert rc == 0
+        got[v] = json.loads(out)
+    assert [got[v]["assumptions"]["vllm_version"] for v in got] == ["0.15.0", "0.24.0", "0.32.0"]
+    assert got["0.15"]["assumptions"]["memory_reserve_fraction"] == pytest.approx(0.10)
+    assert got["0.24"]["assumptions"]["memory_reserve_fraction"] == pytest.approx(0.08)
+    lim = {v: got[v]["ranking"][0]["engine_limits"]["max_batched_tokens"] for v in got}
+    assert lim == {"0.15": 8192, "0.24": 8192, "0.32": 16384}
+    kv = {v: got[v]["ranking"][0]["memory"]["kv_tokens"] for v in got}
+    assert kv["0.15"] < kv["0.24"] < kv["0.32"]  # a larger reserve, then 0.32's lighter sampler profile
+    rc, _, err = _run(capsys, *base, "--vllm-version", "0.7")
+    assert rc == 2 and "--vllm-version" in err and len(err.strip().splitlines()) == 1
+
+
 def test_rank_async_scheduling_switch(capsys):
     """--async-scheduling off: the simulated server pays each step's host work after its device work, so under
     the same TPOT SLO it serves no more than with it on; the JSON says which was assumed."""
