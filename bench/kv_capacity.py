@@ -79,12 +79,12 @@ POINTS: list[dict] = [
 def fit_gib(p: dict, utilization: float) -> tuple[float, int]:
     """(KV cache GiB, tokens) that ``simulate`` serves from at ``utilization`` (serving_config.kv_capacity)."""
     shard = replace(p["model"].sharded(p["tp"]), kv_dtype_bytes=p["kv_bytes"])
-    mem = kv_capacity(get_gpu(p["gpu"]), shard, p["max_num_batched_tokens"], p["max_num_seqs"],
+    fit = kv_capacity(get_gpu(p["gpu"]), shard, p["max_num_batched_tokens"], p["max_num_seqs"],
                       ServingConfig(concurrency=1, gpu_memory_utilization=utilization,
                                     # the log's release (its sampler's profile run); unstated: m2live's default
                                     vllm_version=None if p["vllm"] == "not stated" else p["vllm"]),
                       1, p["precision"])
-    return mem["kv_cache_gb"] * 1e9 / GIB, mem["kv_tokens"]
+    return max(0.0, fit.kv_bytes) / GIB, fit.kv_tokens
 
 
 def run_point(p: dict) -> dict:

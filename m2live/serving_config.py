@@ -9,7 +9,8 @@ activations and the KV cache on one GPU, by the planner's memory fit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from .vllm_release import (
     graph_capture_ceiling,
     utilization_default,
 )
+
+if TYPE_CHECKING:
+    from .planner.memory import MemoryFit
 
 GIB = 1024**3
 # vLLM's default --gpu-memory-utilization: 0.92 since CUDA-graph memory entered its start-up profile (on by default
@@ -211,9 +215,10 @@ class ServingConfig:
 
 # ---- memory -------------------------------------------------------------------------------------------------
 def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int, cfg: ServingConfig,
-                need_tokens: int, precision: str = "bf16") -> dict:
+                need_tokens: int, precision: str = "bf16") -> MemoryFit:
     """Weights, activations and the KV cache on one GPU (the planner's memory fit, vLLM's
-    gpu_memory_utilization); raises when the weights alone do not fit."""
+    gpu_memory_utilization); raises when the weights alone do not fit. A cache short of one request is the
+    simulator's to settle (simulate raises the share: ``MemoryFit.share_to_hold``), so the fit says it fits."""
     from .planner.memory import PlanConfig, memory_fit
     from .workload import WorkloadStats
 
@@ -225,7 +230,4 @@ def kv_capacity(gpu: GpuSpec, shard: ModelShape, max_tokens: int, max_seqs: int,
     fit = memory_fit(gpu, shard, stats, pc, precision)
     if fit.weight_bytes > fit.total_bytes - fit.reserve_bytes:
         raise SimulationError(f"does not fit: {fit.reason}")
-    out = fit.to_dict()
-    out["fits"] = True
-    out["reason"] = ""  # a cache short of one request is the simulator's to settle (simulate raises the share)
-    return out
+    return replace(fit, fits=True, reason="")

@@ -41,7 +41,6 @@ from dataclasses import replace
 import numpy as np
 
 from .hardware import GpuSpec, get_gpu, tp_beyond_node
-from .planner.memory import starting_utilization
 from .predictor import HostConstants, Prediction, Predictor
 from .serving_config import (
     BLOCK_SIZE,
@@ -122,30 +121,28 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"{'--max-model-len' if cfg.max_model_len else 'a request of'} {model_len} tokens is "
                               f"longer than {shape.name}'s context ({shape.max_context} tokens): vLLM refuses a "
                               f"max_model_len past it")
-    mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
+    fit = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
+    mem = fit.to_dict()
     bs = cfg.block_size or (CPU_BLOCK_SIZE if spec.arch == "cpu" else BLOCK_SIZE)
     sized_by_memory = cfg.num_gpu_blocks is None and cfg.kv_tokens is None
     if cfg.num_gpu_blocks is not None:
         kv_tokens = cfg.num_gpu_blocks * bs
     else:
-        kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else int(mem["kv_tokens"])
-    if not sized_by_memory and kv_tokens > mem["kv_tokens"]:
-        mem["note"] = (f"more than the {int(mem['kv_tokens'])} tokens the memory fit leaves at "
+        kv_tokens = cfg.kv_tokens if cfg.kv_tokens is not None else fit.kv_tokens
+    if not sized_by_memory and kv_tokens > fit.kv_tokens:
+        mem["note"] = (f"more than the {fit.kv_tokens} tokens the memory fit leaves at "
                        f"gpu_memory_utilization {cfg.utilization:g}")
     need_blocks = -(-model_len // bs)
-    # the least share whose cache holds one request at full length, less vLLM's null block
-    # the cache's bytes at this share, negative where weights and activations take more (to_dict clamps them)
-    kv_signed = 1e9 * (mem["total_gb"] - mem["reserve_gb"] - mem["weights_gb"] - mem["activations_gb"])
-    u = starting_utilization(cfg.utilization, kv_signed / mem["kv_bytes_per_token"], (need_blocks + 1) * bs,
-                             mem["kv_bytes_per_token"], mem["total_gb"] * 1e9)
+    # the least share whose cache holds one request at full length and vLLM's null block
+    u = fit.share_to_hold((need_blocks + 1) * bs, cfg.utilization)
     if kv_tokens // bs - 1 < need_blocks and sized_by_memory and cfg.gpu_memory_utilization is None:
         # vLLM's default share leaves a cache short of one request at full length, where vLLM refuses to start; a
         # server that runs this (the question asked) was given a larger share: the least that starts, in 0.01 steps
         if u <= 1:
             default = cfg.utilization
             cfg = replace(cfg, gpu_memory_utilization=u)
-            mem = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
-            kv_tokens = int(mem["kv_tokens"])
+            fit = kv_capacity(spec, pred.model, max_tokens, max_seqs, cfg, model_len, precision)
+            mem, kv_tokens = fit.to_dict(), fit.kv_tokens
             mem["note"] = (f"gpu_memory_utilization raised from vLLM's default {default:g} to {u:.2f}, the least at "
                            f"which one request at full length ({model_len} tokens) fits: vLLM refuses to start below")
             mem["utilization_raised_from"] = default

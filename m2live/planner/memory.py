@@ -131,7 +131,8 @@ def activation_bytes(shard: ModelShape, max_tokens: int, max_seqs: int, precisio
     gate_up and activation outputs: the one layer's intermediates live at once; under fp8 the e4m3 copy of a
     projection's input, 1 byte a element) and the sampler's dummy run over min(max_num_seqs, budget) rows of
     the *whole* vocabulary on every GPU (vLLM V1 all-gathers the logits and samples on every rank), with the
-    forward's hidden states still held (``sampler_bytes_per_logit``: the release's, sampler_profile_bytes_per_logit). Until 2026-12-06 the two were summed, the logits counted per vocab shard
+    forward's hidden states still held (``sampler_bytes_per_logit``: the release's,
+    ``sampler_profile_bytes_per_logit``). Until 2026-12-06 the two were summed, the logits counted per vocab shard
     at 8 bytes and every intermediate of a layer as live at once: Llama-3.1-70B fp8 on one H100 at vLLM's
     defaults 3.47 GB, now 2.01 GB."""
     d = shard.dtype_bytes
@@ -165,6 +166,12 @@ class MemoryFit:
         """A layout refused before its memory was counted (no fp8 tensor cores, a shape TP cannot shard)."""
         return cls(gpu.mem_bytes, 0, 0, 0, 0, 0, 0, 0, False, reason)
 
+    def share_to_hold(self, need_tokens: int, utilization: float) -> float:
+        """The least gpu_memory_utilization, in 0.01 steps, whose cache holds ``need_tokens`` where this fit was made
+        at ``utilization`` (``starting_utilization`` from the cache's signed bytes: a shortfall counts)."""
+        return starting_utilization(utilization, self.kv_bytes / self.kv_bytes_per_token, need_tokens,
+                                    self.kv_bytes_per_token, self.total_bytes)
+
     def to_dict(self) -> dict:
         g = 1e9
         return {"total_gb": self.total_bytes / g, "reserve_gb": self.reserve_bytes / g,
@@ -189,11 +196,12 @@ def memory_fit(gpu: GpuSpec, shard: ModelShape, stats: WorkloadStats, cfg: PlanC
     kv_tokens = max(0, int(kv // per_tok))
     need = int(math.ceil(stats.total_p["p99"]))
     reason = _misfit_reason(total, reserve, weights, act, kv, kv_tokens, need, per_tok)
+    fit = MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
     if reason and weights <= total - reserve and kv_tokens < need:  # the share at which it would fit, if any
-        u = starting_utilization(1.0 - cfg.reserve_fraction, kv / per_tok, need, per_tok, total)
+        u = fit.share_to_hold(need, 1.0 - cfg.reserve_fraction)
         if u <= 1:
-            reason += f" (it would at gpu_memory_utilization {u:.2f})"
-    return MemoryFit(total, reserve, weights, act, kv, per_tok, kv_tokens, need, not reason, reason)
+            fit = replace(fit, reason=f"{reason} (it would at gpu_memory_utilization {u:.2f})")
+    return fit
 
 
 def starting_utilization(utilization: float, kv_tokens: float, need_tokens: int, kv_bytes_per_token: float,
