@@ -11,7 +11,7 @@ from ..planner import PlanConfig, PlanError
 from ..quantization import model_kv_cache_dtype, weights_for
 from ..serving_config import parse_switch
 from ..validate import positive_float
-from ..vllm_release import DEFAULT_GPU_RELEASE, utilization_default
+from ..vllm_release import DEFAULT_GPU_RELEASE
 from .engine_args import release_arg
 
 
@@ -94,8 +94,7 @@ def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
 def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
     """The planner's configuration from the parsed flags (the weights: --precision's, else the model's)."""
     w = weights_for(args.precision, args.model)
-    release = release_arg(args.vllm_version) or DEFAULT_GPU_RELEASE
-    return PlanConfig(slo_s=parse_slo(args.slo_ms), reserve_fraction=1.0 - utilization_default(release),
+    return PlanConfig(slo_s=parse_slo(args.slo_ms),
                       max_num_seqs=None if args.max_seqs is None else pos_int(args.max_seqs, "--max-seqs"),
                       max_batched_tokens=None if args.max_batched_tokens is None
                       else pos_int(args.max_batched_tokens, "--max-batched-tokens"),
@@ -104,7 +103,7 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
                       act_scale=w.act_scale, kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],
                       async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
                       allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
-                      vllm_version=release)
+                      vllm_version=release_arg(args.vllm_version) or DEFAULT_GPU_RELEASE)
 
 
 def png_path(text: str | None) -> str | None:

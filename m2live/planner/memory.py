@@ -14,9 +14,14 @@ from dataclasses import dataclass, field, replace
 
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec
-from ..serving_config import GPU_MEMORY_UTILIZATION
 from ..shapes import ModelShape
-from ..vllm_release import DEFAULT_GPU_RELEASE, SAMPLER_TRITON_TOPK_FROM, VllmRelease, batch_defaults
+from ..vllm_release import (
+    DEFAULT_GPU_RELEASE,
+    SAMPLER_TRITON_TOPK_FROM,
+    VllmRelease,
+    batch_defaults,
+    utilization_default,
+)
 from ..workload import WorkloadStats
 
 GIB = 1024**3
@@ -56,7 +61,8 @@ class PlanConfig:
     # for each device in ``vllm_version`` (``for_gpu``: vllm_release.batch_defaults)
     max_num_seqs: int | None = None
     max_batched_tokens: int | None = None
-    reserve_fraction: float = 1.0 - GPU_MEMORY_UTILIZATION  # what vLLM's gpu_memory_utilization leaves out
+    # what vLLM's gpu_memory_utilization leaves out; None: what ``vllm_version``'s default share leaves
+    reserve_fraction: float | None = None
     reserve_bytes: float | None = None  # None: engine_reserve_bytes(tp) (non-torch memory and CUDA graphs)
     # the vLLM release whose start-up profile sizes the KV cache (its sampler's dummy run: vllm_release)
     vllm_version: VllmRelease = DEFAULT_GPU_RELEASE
@@ -81,6 +87,8 @@ class PlanConfig:
         return replace(self, max_batched_tokens=tokens, max_num_seqs=self.max_num_seqs or min(d_seqs, tokens))
 
     def __post_init__(self) -> None:
+        if self.reserve_fraction is None:
+            object.__setattr__(self, "reserve_fraction", 1.0 - utilization_default(self.vllm_version))
         if self.slo_s is not None and not (self.slo_s > 0 and math.isfinite(self.slo_s)):
             raise PlanError(f"SLO must be a positive number of seconds, got {self.slo_s!r}")
         for name in ("max_num_seqs", "max_batched_tokens"):
