@@ -21,6 +21,8 @@ from .vllm_release import (
     UTILIZATION_WITH_GRAPH_PROFILE,
     ReleaseError,
     VllmRelease,
+    allreduce_fusion_default,
+    async_scheduling_default,
     batch_defaults,
     default_release,
     graph_capture_ceiling,
@@ -211,6 +213,39 @@ class ServingConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise SimulationError(f"{name} must be >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the simulated server runs with on one device: the configuration's limits and switches where given, else
+    its vLLM release's defaults for the device (``server_settings``)."""
+
+    release: VllmRelease
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    cuda_graph_max_batch: int
+    async_scheduling: bool
+    allreduce_fusion: bool | None  # None: the predictor's rule (on where vLLM turns it on)
+
+
+def server_settings(cfg: ServingConfig, gpu: GpuSpec, tp: int) -> ServerSettings:
+    """``cfg`` on ``gpu`` at ``tp`` as vLLM settles it at start-up: a defaulted max_num_seqs lowered to the token
+    budget, a given one above it refused (``EngineArgs._set_default_args``, ``SchedulerConfig``), the CUDA-graph
+    sizes, async scheduling and the all-reduce fusion of the release."""
+    release = cfg.release(gpu)
+    d_tok, d_seqs = vllm_batch_defaults(gpu, tp, release)
+    max_tokens = cfg.max_num_batched_tokens or d_tok
+    if cfg.max_num_seqs:
+        max_seqs = cfg.max_num_seqs
+        if max_tokens < max_seqs:
+            raise SimulationError(f"max_num_batched_tokens ({max_tokens}) must be at least max_num_seqs "
+                                  f"({max_seqs}): vLLM refuses to start with a smaller token budget")
+    else:
+        max_seqs = min(d_seqs, max_tokens)
+    return ServerSettings(
+        release, max_tokens, max_seqs, cuda_graph_capture_max(gpu, max_seqs, max_tokens, release),
+        cfg.async_scheduling if cfg.async_scheduling is not None else async_scheduling_default(gpu, release),
+        cfg.allreduce_fusion if cfg.allreduce_fusion is not None else allreduce_fusion_default(release))
 
 
 # ---- memory -------------------------------------------------------------------------------------------------

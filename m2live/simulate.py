@@ -55,6 +55,7 @@ from .serving_config import (
     cuda_graph_capture_max,
     kv_capacity,
     send_schedule,
+    server_settings,
     vllm_batch_defaults,
 )
 from .serving_engine import SEGMENT_SAMPLES, Engine, EngineStats
@@ -62,7 +63,6 @@ from .serving_metrics import ServingResult, bounds, summarize
 from .shapes import ModelShape, get_model
 from .step import Step
 from .step_timer import BatchStep, StepTimer
-from .vllm_release import allreduce_fusion_default, async_scheduling_default
 
 
 def make_predictor(gpu: GpuSpec | str, model: ModelShape | str, tp: int, precision: str = "bf16",
@@ -90,24 +90,11 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
         raise SimulationError(f"{spec.name} has no GPU interconnect for TP={tp}")
     if beyond := tp_beyond_node(spec, tp):
         raise SimulationError(beyond)
-    release = cfg.release(spec)
-    d_tok, d_seqs = vllm_batch_defaults(spec, tp, release)
-    max_tokens = cfg.max_num_batched_tokens or d_tok
-    # vLLM (EngineArgs._set_default_args, SchedulerConfig): a defaulted max_num_seqs is lowered to the token
-    # budget; one given with a smaller budget stops the server at start-up
-    if cfg.max_num_seqs:
-        max_seqs = cfg.max_num_seqs
-        if max_tokens < max_seqs:
-            raise SimulationError(f"max_num_batched_tokens ({max_tokens}) must be at least max_num_seqs "
-                                  f"({max_seqs}): vLLM refuses to start with a smaller token budget")
-    else:
-        max_seqs = min(d_seqs, max_tokens)
-    graphs = cuda_graph_capture_max(spec, max_seqs, max_tokens, release)
-    async_sched = (cfg.async_scheduling if cfg.async_scheduling is not None
-                   else async_scheduling_default(spec, release))
-    fusion = cfg.allreduce_fusion if cfg.allreduce_fusion is not None else allreduce_fusion_default(release)
+    server = server_settings(cfg, spec, tp)
+    max_tokens, max_seqs = server.max_num_batched_tokens, server.max_num_seqs
+    graphs, async_sched = server.cuda_graph_max_batch, server.async_scheduling
     pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs,
-                                       allreduce_fusion=fusion)
+                                       allreduce_fusion=server.allreduce_fusion)
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
     prompts = request_lengths(isl, n, "isl")
     outputs = request_lengths(osl, n, "osl")

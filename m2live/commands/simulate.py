@@ -43,6 +43,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -53,23 +54,17 @@ from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
-from ..serving_config import SWITCH_CHOICES, parse_switch
+from ..serving_config import SWITCH_CHOICES, parse_switch, server_settings
 from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
     ServingResult,
     SimulationError,
-    cuda_graph_capture_max,
     make_predictor,
     request_lengths,
     simulate,
-    vllm_batch_defaults,
 )
-from ..vllm_release import (
-    VllmRelease,
-    allreduce_fusion_default,
-    default_release,
-)
+from ..vllm_release import VllmRelease
 from .engine_args import add_allreduce_fusion, add_async_scheduling, add_vllm_version, release_arg
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
@@ -223,39 +218,37 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
-    kv_tokens = None
     if calibration:
         from ..calibrate import load_for
 
         constants = load_for(calibration, gpu)
-    release = vllm_version or default_release(gpu)
-    d_tok, d_seqs = vllm_batch_defaults(gpu, tp, release)
-    graphs = cuda_graph_capture_max(gpu, max_seqs or d_seqs, max_tokens or d_tok, release)
-    if allreduce_fusion is None:
-        allreduce_fusion = allreduce_fusion_default(release)
-    kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
-    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, graphs, calibration, allreduce_fusion,
-           kv_cache_dtype)
-    pred = _PREDICTORS.get(key)
-    if pred is None:
-        if len(_PREDICTORS) > 64:
-            _PREDICTORS.clear()
-        pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, weights.precision, graph_max_tokens=graphs,
-                                                 act_scale=weights.act_scale, **constants,
-                                                 allreduce_fusion=allreduce_fusion, kv_cache_dtype=kv_cache_dtype)
-    if kv_gib is not None:
-        kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
-        if kv_tokens < 1:
-            raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
-                        max_num_seqs=max_seqs, kv_tokens=kv_tokens, num_gpu_blocks=num_gpu_blocks, clock=clock,
-                        test_run_cached=test_run,
-                        async_scheduling=async_scheduling,  # the fusion is the predictor's (above)
+                        max_num_seqs=max_seqs, num_gpu_blocks=num_gpu_blocks, clock=clock,
+                        test_run_cached=test_run, async_scheduling=async_scheduling,
+                        allreduce_fusion=allreduce_fusion,
                         **({} if frontend_ms is None else {"frontend_s": frontend_ms / 1e3}),
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
                         **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
                         request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False,
                         max_model_len=max_model_len, vllm_version=vllm_version)
+    server = server_settings(cfg, gpu, tp)  # the predictor's graph size and fusion, as simulate settles them
+    kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
+    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, server.cuda_graph_max_batch, calibration,
+           server.allreduce_fusion, kv_cache_dtype)
+    pred = _PREDICTORS.get(key)
+    if pred is None:
+        if len(_PREDICTORS) > 64:
+            _PREDICTORS.clear()
+        pred = _PREDICTORS[key] = make_predictor(gpu, model, tp, weights.precision,
+                                                 graph_max_tokens=server.cuda_graph_max_batch,
+                                                 act_scale=weights.act_scale, **constants,
+                                                 allreduce_fusion=server.allreduce_fusion,
+                                                 kv_cache_dtype=kv_cache_dtype)
+    if kv_gib is not None:
+        kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
+        if kv_tokens < 1:
+            raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
+        cfg = replace(cfg, kv_tokens=kv_tokens)
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["kv_cache_dtype_why"] = kv_why
