@@ -49,7 +49,7 @@ POINTS: list[dict] = [
                  "--ignore-eos, closed loop at fixed --max-concurrency",
         "stated": "ITL p50 and TTFT p50 (ms) per concurrency",
         "gpu": "NVIDIA L4", "model": QWEN25_05B, "tp": 1, "precision": "bf16", "isl": 256, "osl": 128,
-        "vllm": "0.23", "async": None, "statistic": "median", "gpu_memory_utilization": 0.6,
+        "vllm": "0.23", "statistic": "median", "gpu_memory_utilization": 0.6,
         "runs": [  # (concurrency, TPOT ~ ITL p50, TTFT p50)
             (1, 5.1, 27.0), (2, 5.2, 37.8), (4, 5.3, 50.1), (8, 5.5, 60.9), (16, 6.0, 103.8), (32, 7.1, 135.3),
         ],
@@ -67,7 +67,7 @@ POINTS: list[dict] = [
         "stated": "ttft_p50 and tpot_p50 (ms) at concurrency 1 and 4; concurrency 16 and 64 not used (throughput "
                   "falls from 16 to 64 while TPOT grows 4x: a saturated client)",
         "gpu": "NVIDIA H100 80GB HBM3", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
-        "isl": 53, "osl": 128, "vllm": "0.21", "async": None, "statistic": "median",
+        "isl": 53, "osl": 128, "vllm": "0.21", "statistic": "median",
         "runs": [(1, 6.48, 13.98), (4, 6.59, 22.75)],
     },
     {
@@ -77,7 +77,7 @@ POINTS: list[dict] = [
         "stated": "decode at one request 'about 75 tokens/sec' (TPOT ~13.3 ms); the rest of the sweep is not in "
                   "the text we hold",
         "gpu": "NVIDIA A100-SXM4-40GB", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
-        "isl": 1024, "osl": 128, "vllm": "0.23", "async": None,
+        "isl": 1024, "osl": 128, "vllm": "0.23",
         "runs": [(1, 1000.0 / 75.0, None)],
     },
     {
@@ -90,7 +90,7 @@ POINTS: list[dict] = [
         "stated": "first chunk at 0.182 s; first content chunk to [DONE] 0.72 s for 64 tokens (TPOT 0.72 / 63 = "
                   "11.43 ms; the notes round it to 11.5 ms/token)",
         "gpu": "NVIDIA A100-SXM4-80GB", "model": "meta-llama/Llama-3.1-8B", "tp": 1, "precision": "bf16",
-        "isl": 2065, "osl": 64, "vllm": "0.31", "async": None, "num_prompts": 1,
+        "isl": 2065, "osl": 64, "vllm": "0.31", "num_prompts": 1,
         "runs": [(1, 720.0 / 63, 182.0)],
     },
     {
@@ -104,7 +104,7 @@ POINTS: list[dict] = [
         # main of July 2025, between 0.9.2 and 0.10.0 (the two differ in none of the defaults simulated): no async
         # scheduling (on by default from 0.14) nor all-reduce + RMSNorm fusion (from 0.16), the token budget of the
         # >= 70 GiB tier (8192), graphs up to 512, gpu_memory_utilization 0.9 — m2live.vllm_release's rules
-        "isl": 550, "osl": 150, "vllm": "0.10", "async": None,
+        "isl": 550, "osl": 150, "vllm": "0.10",
         "request_rate": 1.0, "num_prompts": 200, "prefix_caching": False,  # its sonnet prompts share 200 tokens
         "runs": [(200, 12.88, 45.02)],
     },
@@ -116,7 +116,7 @@ POINTS: list[dict] = [
                  "inf (all 500 sent at once: a closed loop of 500 with 500 prompts), means of 3 seeds",
         "stated": "94.91 req/s, mean TTFT 2905 ms, mean TPOT 5.45 ms",
         "gpu": "NVIDIA H100 80GB HBM3", "model": QWEN3_06B, "tp": 1, "precision": "bf16", "isl": 512, "osl": 128,
-        "vllm": "0.19", "async": None, "num_prompts": 500, "gpu_memory_utilization": 0.5,
+        "vllm": "0.19", "num_prompts": 500, "gpu_memory_utilization": 0.5,
         # outside what the simulator models: the API server's own work bounds this run (see docs/serving.md, "not modelled:
         # the API server's work per streamed token"); reported, and kept out of the in-scope summary
         "scope": "API-server bound",
@@ -130,7 +130,7 @@ POINTS: list[dict] = [
                  "16 (Poisson): light load, about five requests in flight; means of 3 seeds",
         "stated": "15.87 req/s, mean TTFT 38.9 ms, mean TPOT 2.39 ms",
         "gpu": "NVIDIA H100 80GB HBM3", "model": QWEN3_06B, "tp": 1, "precision": "bf16", "isl": 512, "osl": 128,
-        "vllm": "0.19", "async": None, "num_prompts": 500, "gpu_memory_utilization": 0.5, "request_rate": 16.0,
+        "vllm": "0.19", "num_prompts": 500, "gpu_memory_utilization": 0.5, "request_rate": 16.0,
         "runs": [(500, 2.39, 38.9)],
     },
 ]
@@ -139,7 +139,7 @@ POINTS: list[dict] = [
 def run_point(p: dict) -> dict:
     rows = []
     for c, tpot, ttft in p["runs"]:
-        cfg = ServingConfig(concurrency=c, async_scheduling=p["async"], allreduce_fusion=p.get("allreduce_fusion"),
+        cfg = ServingConfig(concurrency=c,  # the server's switches: its stated release's defaults (vllm_release)
                             num_prompts=p.get("num_prompts"), request_rate=p.get("request_rate"),
                             prefix_caching=p.get("prefix_caching", True), vllm_version=p["vllm"],
                             **({"gpu_memory_utilization": p["gpu_memory_utilization"]}
