@@ -26,7 +26,8 @@ overlap and the attention efficiencies into an ``ArchConstants`` (``device_const
 answer: host, CPU model and ISA flags, the ISA overrides in the environment (``ONEDNN_MAX_CPU_ISA``,
 ``ATEN_CPU_CAPABILITY``), dtype, threads, torch and vLLM versions, the model's shapes. ``PriorCheck`` watches the first steps of a live run: when they disagree with the prediction by
 more than 3× the cached entry is dropped and the device is measured again at the next idle moment (or the next
-start). The online correction (``residuals.py``) rescues the run meanwhile.
+start), in a child process (``cpu_remeasure``): never on a thread beside the engine's. The online correction
+(``residuals.py``) rescues the run meanwhile.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ import logging
 import os
 import platform
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from statistics import median_high
+from typing import Any
 
 from .cpu_kernels import microbenchmark
 from .efficiency import ARCH, ArchConstants
@@ -430,9 +435,9 @@ class PriorCheck:
 
     Only steps whose prediction is mostly device body (``t_blocks`` at least half of it) count: on a tiny model
     the host terms dominate, and they are the correction's business, not the device measurement's. After ``n``
-    such steps the verdict is what the device measurement is responsible for: where those steps' device bodies
-    span a factor ``SPREAD`` or more, the slope of measured time against device body (Theil–Sen: the median of
-    the pairwise slopes), which an engine's per-step host work — the scheduler, input preparation, the sampler,
+    such steps the verdict is what the device measurement is responsible for: where at least ``n`` pairs of
+    those steps have device bodies a factor ``PAIR_SPREAD`` apart, the slope of measured time against device
+    body (Theil–Sen: the median of those pairs' slopes), which an engine's per-step host work — the scheduler, input preparation, the sampler,
     a frontend sharing the cores: an intercept, several ms a step on a small CPU — leaves alone; otherwise the
     median measured/predicted ratio. A verdict beyond ``limit`` (3×) either way means the cached measurement
     does not describe this engine (taken while the machine was busy, or stale): it is dropped, and the device is
@@ -443,16 +448,20 @@ class PriorCheck:
     kernels do not see; on a CPU whose kernels are 3× faster the ratio alone would have dropped it.)
     """
 
-    SPREAD = 2.0  # device bodies spanning this factor pin a slope
+    PAIR_SPREAD = 1.5  # two steps whose device bodies differ by this factor pin a slope
 
     def __init__(self, key: str, model: ModelShape | None, dtype: str, n: int = 16, limit: float = 3.0,
-                 give_up: int = 400) -> None:
+                 give_up: int = 400, budget_s: float = 1.6) -> None:
         self.key, self.model, self.dtype, self.n, self.limit, self.give_up = key, model, dtype, n, limit, give_up
         self.seen = 0
         self.points: list[tuple[float, float, float]] = []  # (predicted, device body, measured) of steps that count
         self.verdict: float | None = None  # once judged: the slope, or the median ratio (``_judge``)
         self.remeasure_pending = False
         self.remeasured = 0
+        self.threads = engine_threads()  # the engine's torch threads, which the key was built with
+        self.budget_s = budget_s
+        self._child: subprocess.Popen | None = None
+        self._child_err: Any = None
         self._lock = threading.Lock()
 
     def observe(self, predicted_s: float, device_s: float, measured_s: float) -> None:
@@ -474,28 +483,104 @@ class PriorCheck:
                 self.remeasure_pending = True
 
     def _judge(self) -> float:
-        """The slope of measured time against device body where the bodies span SPREAD (a positive one), else
-        the median measured/predicted ratio."""
+        """The slope of measured time against device body over the pairs of steps whose bodies differ by
+        PAIR_SPREAD or more, where there are at least ``n`` such pairs and their slope is positive; else the
+        median measured/predicted ratio. (Pairs of near-equal bodies carry no slope, only their steps' noise over
+        a tiny difference: the admission engine test's first steps — one 103 ms prefill, fifteen 9.0-9.1 ms
+        decodes measured 1.3-1.6x their prediction — gave a median slope of 22 over all pairs, which dropped
+        a right measurement in 2 runs of 5; with only the fifteen pairs with the prefill spread enough, the
+        verdict is their median ratio, 1.46.)"""
         xy = [(x, y) for _, x, y in self.points]
-        lo, hi = min(x for x, _ in xy), max(x for x, _ in xy)
-        if lo > 0 and hi >= self.SPREAD * lo:
-            a = median_high((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(xy) for x2, y2 in xy[i + 1:]
-                            if x2 != x1)
+        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(xy) for x2, y2 in xy[i + 1:]
+                  if min(x1, x2) > 0 and max(x1, x2) >= self.PAIR_SPREAD * min(x1, x2)]
+        if len(slopes) >= self.n:
+            a = median_high(slopes)
             if a > 0:
                 return a
         return median_high(y / p for p, _, y in self.points)
 
     def idle(self) -> None:
-        """The engine has been idle for a while: re-measure now if a re-measurement is pending."""
+        """The engine has been idle for a while: start the pending re-measurement, in a child process.
+
+        Never on a thread of the engine's process: vLLM-CPU's linear and attention ops share the process's
+        oneDNN state and OpenMP pool with the engine, and an engine that resumed while they ran beside it died
+        of a segmentation fault (seen here: 1 run in 4 of the admission engine test). The child measures at the
+        engine's thread count, niced, and writes the cache the next start reads; work the engine did meanwhile
+        marks it shared (``_shared``), so a start measures again. Cheap when nothing is pending: the record
+        thread calls it whenever no step came for a while."""
         with self._lock:
-            if not self.remeasure_pending:
+            self._reap()
+            if not self.remeasure_pending or self._child is not None:
                 return
             self.remeasure_pending = False
-        try:
-            measure(self.key, self.model, self.dtype, 1.6)
+            cmd = remeasure_command(self.key, self.model, self.dtype, self.threads, self.budget_s)
+            try:
+                self._child_err = tempfile.TemporaryFile()
+                self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               stderr=self._child_err, close_fds=True)
+            except OSError as e:  # a re-measurement that cannot start leaves the next start to it
+                log.warning("cpu device: cannot start the re-measurement: %s", e)
+                self._close_err()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a running re-measurement (True when none is left running)."""
+        child = self._child
+        if child is not None:
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+        with self._lock:
+            self._reap()
+        return self._child is None
+
+    def close(self) -> None:
+        """Stop a re-measurement still running (the next start measures: its entry was dropped)."""
+        with self._lock:
+            child = self._child
+            if child is not None and child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+            self._reap()
+
+    def _reap(self) -> None:
+        """Collect a finished child (under the lock): count it, or log why it failed."""
+        child = self._child
+        if child is None or child.poll() is None:
+            return
+        self._child = None
+        if child.returncode == 0:
             self.remeasured += 1
-        except Exception as e:  # noqa: BLE001 - a failed re-measurement leaves the next start to it
-            log.warning("cpu device: re-measurement failed: %s", e)
+        elif child.returncode > 0:  # a terminated child (negative) was stopped by close()
+            log.warning("cpu device: re-measurement failed (exit %d): %s", child.returncode, self._last_err())
+        self._close_err()
+
+    def _last_err(self) -> str:
+        try:
+            self._child_err.seek(0)
+            lines = self._child_err.read().decode(errors="replace").strip().splitlines()
+            return lines[-1] if lines else "no message"
+        except (OSError, AttributeError, ValueError):
+            return "no message"
+
+    def _close_err(self) -> None:
+        if self._child_err is not None:
+            self._child_err.close()
+            self._child_err = None
+
+
+def remeasure_command(key: str, model: ModelShape | None, dtype: str, threads: int, budget_s: float
+                      ) -> list[str]:
+    """The child process that measures ``key`` again (``m2live.cpu_remeasure``)."""
+    cmd = [sys.executable, "-m", "m2live.cpu_remeasure", "--key", key, "--dtype", dtype,
+           "--threads", str(int(threads)), "--budget-s", f"{budget_s:g}"]
+    if model is not None:
+        cmd += ["--model", json.dumps(asdict(model))]
+    return cmd
 
 
 def scale_spec(spec: GpuSpec, scale: float) -> GpuSpec:

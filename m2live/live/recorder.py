@@ -76,14 +76,16 @@ class Recorder:
     def close(self) -> None:
         self._work.close()
         self._thread.join(timeout=2.0)
+        if self.device.prior_check is not None:
+            self.device.prior_check.close()
 
     def _loop(self) -> None:
         prior = self.device.prior_check
         while True:
             items = self._work.take(0.5, most=1)
             if not items:
-                if prior is not None and prior.remeasure_pending:
-                    prior.idle()  # no step for 0.5 s: the engine idles, measure the device again
+                if prior is not None:
+                    prior.idle()  # no step for 0.5 s: the engine idles; a pending re-measurement starts (a child)
                 if self._work.closed:
                     return
                 continue
