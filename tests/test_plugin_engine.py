@@ -205,7 +205,8 @@ def test_a_stale_cpu_measurement_is_measured_again_in_a_child_while_the_engine_s
     assert good
     for m in data["entries"].values():
         m.update({k: m[k] / 30 for k in ("flops", "bw", "attn_flops", "attn_bw")},
-                 t_call=m["t_call"] * 30, t_attn=m["t_attn"] * 30, measured_at=1.0)
+                 t_call=m["t_call"] * 30, t_attn=m["t_attn"] * 30, measured_at=1.0,
+                 busy=False)  # (a first measurement that shared the machine would be taken again at start)
     path.write_text(json.dumps(data))
     res = _run(tmp_path, TEST_REMEASURE="1", **env)
     r = res["remeasure"]
