@@ -20,11 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from m2live.hardware import get_gpu  # noqa: E402
+from m2live.hardware import GIB, get_gpu  # noqa: E402
 from m2live.serving_config import GPU_MEMORY_UTILIZATION, ServingConfig, kv_capacity  # noqa: E402
 from m2live.shapes import ModelShape, get_model  # noqa: E402
-
-GIB = 2**30
 
 # config.json fields m2live reads (Hugging Face: ByteDance-Seed/Seed-OSS-36B-Instruct, Qwen/Qwen2.5-14B-Instruct)
 SEED_OSS_36B = ModelShape.from_config({

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 # Inline (in-band) ECC on GDDR: 1 byte of check bits per 16 of data, stored in the same devices and read over the
 # same channels — the capacity the driver reports shrinks to 15/16 and so does the bandwidth left for data
+GIB = 1024**3  # a GiB, the unit vLLM's memory settings and logs use
 INLINE_ECC_DATA_SHARE = 15 / 16
 
 

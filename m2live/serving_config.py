@@ -32,7 +32,6 @@ from .vllm_release import (
 if TYPE_CHECKING:
     from .planner.memory import MemoryFit
 
-GIB = 1024**3
 # vLLM's default --gpu-memory-utilization: 0.92 since CUDA-graph memory entered its start-up profile (on by default
 # since v0.21; config/cache.py of 0.32, and a vLLM 0.31 start-up log: "Desired GPU memory utilization is (0.92,
 # 72.91 GiB)"); 0.9 before (vllm_release.utilization_default). Until 2026-12-06 m2live took 0.9.

@@ -40,7 +40,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .hardware import GpuSpec, get_gpu, tp_beyond_node
+from .hardware import GIB, GpuSpec, get_gpu, tp_beyond_node
 from .predictor import HostConstants, Prediction, Predictor
 from .serving_config import (
     BLOCK_SIZE,
@@ -48,7 +48,6 @@ from .serving_config import (
     DEFAULT_PROMPTS_PER_CONCURRENCY,
     FRONTEND_S,
     FRONTEND_SERVICE_S,
-    GIB,
     ServingConfig,
     SimulationError,
     cached_prefix,

@@ -17,9 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .hardware import GpuSpec
-
-GIB = 1024**3
+from .hardware import GIB, GpuSpec
 
 
 class ReleaseError(ValueError):

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..efficiency import ArchConstants
-from ..hardware import GpuSpec
+from ..hardware import GIB, GpuSpec
 from ..shapes import ModelShape
 from ..vllm_release import (
     DEFAULT_GPU_RELEASE,
@@ -23,8 +23,6 @@ from ..vllm_release import (
     utilization_default,
 )
 from ..workload import WorkloadStats
-
-GIB = 1024**3
 
 # What vLLM's KV-cache sizing (gpu_worker.determine_available_memory) takes besides weights and the activation peak:
 # memory outside torch created after its start-up snapshot (cuBLAS and attention workspaces; the CUDA context and
