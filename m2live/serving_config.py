@@ -25,6 +25,7 @@ from .vllm_release import (
     async_scheduling_default,
     batch_defaults,
     default_release,
+    engine_limits,
     graph_capture_ceiling,
     utilization_default,
 )
@@ -232,15 +233,10 @@ def server_settings(cfg: ServingConfig, gpu: GpuSpec, tp: int) -> ServerSettings
     budget, a given one above it refused (``EngineArgs._set_default_args``, ``SchedulerConfig``), the CUDA-graph
     sizes, async scheduling and the all-reduce fusion of the release."""
     release = cfg.release(gpu)
-    d_tok, d_seqs = vllm_batch_defaults(gpu, tp, release)
-    max_tokens = cfg.max_num_batched_tokens or d_tok
-    if cfg.max_num_seqs:
-        max_seqs = cfg.max_num_seqs
-        if max_tokens < max_seqs:
-            raise SimulationError(f"max_num_batched_tokens ({max_tokens}) must be at least max_num_seqs "
-                                  f"({max_seqs}): vLLM refuses to start with a smaller token budget")
-    else:
-        max_seqs = min(d_seqs, max_tokens)
+    max_tokens, max_seqs = engine_limits(gpu, tp, release, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    if max_tokens < max_seqs:  # only a given max_num_seqs can exceed the budget
+        raise SimulationError(f"max_num_batched_tokens ({max_tokens}) must be at least max_num_seqs "
+                              f"({max_seqs}): vLLM refuses to start with a smaller token budget")
     return ServerSettings(
         release, max_tokens, max_seqs, cuda_graph_capture_max(gpu, max_seqs, max_tokens, release),
         cfg.async_scheduling if cfg.async_scheduling is not None else async_scheduling_default(gpu, release),

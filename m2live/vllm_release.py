@@ -106,6 +106,17 @@ def batch_defaults(gpu: GpuSpec, tp: int, release: VllmRelease) -> tuple[int, in
     return 2048, 256
 
 
+def engine_limits(gpu: GpuSpec, tp: int, release: VllmRelease, max_batched_tokens: int | None = None,
+                  max_num_seqs: int | None = None) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) as the release's server settles them at start-up: the ones given, else
+    its defaults for the device (``batch_defaults``), a defaulted max_num_seqs lowered to a smaller token budget
+    (``EngineArgs._set_default_args``). A given max_num_seqs above the budget is returned as given: vLLM refuses to
+    start with it (``serving_config.server_settings`` says so)."""
+    d_tok, d_seqs = batch_defaults(gpu, tp, release)
+    tokens = max_batched_tokens or d_tok
+    return tokens, max_num_seqs or min(d_seqs, tokens)
+
+
 def graph_capture_ceiling(gpu: GpuSpec, release: VllmRelease) -> int:
     """The most tokens a captured CUDA graph takes before max_num_seqs and the budget bound it
     (``VllmConfig._set_cudagraph_sizes``): 1024 on compute capability 10.x from BLACKWELL_GRAPHS_1024_FROM, else

@@ -19,7 +19,7 @@ from ..vllm_release import (
     DEFAULT_GPU_RELEASE,
     SAMPLER_TRITON_TOPK_FROM,
     VllmRelease,
-    batch_defaults,
+    engine_limits,
     utilization_default,
 )
 from ..workload import WorkloadStats
@@ -56,7 +56,7 @@ class PlanError(ValueError):
 class PlanConfig:
     slo_s: float | None = None  # per-step latency SLO (= inter-token latency); None: no latency limit
     # vLLM's max_num_seqs and max_num_batched_tokens (the token budget per step); None: its OpenAI server's defaults
-    # for each device in ``vllm_version`` (``for_gpu``: vllm_release.batch_defaults)
+    # for each device in ``vllm_version`` (``for_gpu``: vllm_release.engine_limits)
     max_num_seqs: int | None = None
     max_batched_tokens: int | None = None
     # what vLLM's gpu_memory_utilization leaves out; None: what ``vllm_version``'s default share leaves
@@ -77,12 +77,11 @@ class PlanConfig:
 
     def for_gpu(self, gpu: GpuSpec, tp: int) -> PlanConfig:
         """This configuration with the engine limits left unset taken as vLLM's OpenAI server sets them on ``gpu``
-        (``vllm_release.batch_defaults``), a defaulted max_num_seqs lowered to a smaller token budget as vLLM does."""
+        (``vllm_release.engine_limits``)."""
         if self.max_num_seqs is not None and self.max_batched_tokens is not None:
             return self
-        d_tok, d_seqs = batch_defaults(gpu, tp, self.vllm_version)
-        tokens = self.max_batched_tokens or d_tok
-        return replace(self, max_batched_tokens=tokens, max_num_seqs=self.max_num_seqs or min(d_seqs, tokens))
+        tokens, seqs = engine_limits(gpu, tp, self.vllm_version, self.max_batched_tokens, self.max_num_seqs)
+        return replace(self, max_batched_tokens=tokens, max_num_seqs=seqs)
 
     def __post_init__(self) -> None:
         if self.reserve_fraction is None:
