@@ -458,7 +458,7 @@ class PriorCheck:
         self.verdict: float | None = None  # once judged: the slope, or the median ratio (``_judge``)
         self.remeasure_pending = False
         self.remeasured = 0
-        self.threads = engine_threads()  # the engine's torch threads, which the key was built with
+        self.threads = engine_threads()  # the engine's torch threads (the key's): the child measures at them
         self.budget_s = budget_s
         self._child: subprocess.Popen | None = None
         self._child_err: Any = None
@@ -513,7 +513,7 @@ class PriorCheck:
             if not self.remeasure_pending or self._child is not None:
                 return
             self.remeasure_pending = False
-            cmd = remeasure_command(self.key, self.model, self.dtype, self.threads, self.budget_s)
+            cmd = remeasure_command(self.model, self.dtype, self.threads, self.budget_s)
             try:
                 self._child_err = tempfile.TemporaryFile()
                 self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -573,10 +573,9 @@ class PriorCheck:
             self._child_err = None
 
 
-def remeasure_command(key: str, model: ModelShape | None, dtype: str, threads: int, budget_s: float
-                      ) -> list[str]:
-    """The child process that measures ``key`` again (``m2live.cpu_remeasure``)."""
-    cmd = [sys.executable, "-m", "m2live.cpu_remeasure", "--key", key, "--dtype", dtype,
+def remeasure_command(model: ModelShape | None, dtype: str, threads: int, budget_s: float) -> list[str]:
+    """The child process that measures the device again for ``model`` at ``threads`` (``m2live.cpu_remeasure``)."""
+    cmd = [sys.executable, "-m", "m2live.cpu_remeasure", "--dtype", dtype,
            "--threads", str(int(threads)), "--budget-s", f"{budget_s:g}"]
     if model is not None:
         cmd += ["--model", json.dumps(asdict(model))]

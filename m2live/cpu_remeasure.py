@@ -1,10 +1,11 @@
 """The CPU device measured again in a process of its own (``PriorCheck.idle`` starts it beside a running engine).
 
-    python -m m2live.cpu_remeasure --key KEY --dtype bf16 --threads N [--model JSON] [--budget-s S]
+    python -m m2live.cpu_remeasure --dtype bf16 --threads N [--model JSON] [--budget-s S]
 
-Measures the engine's kernels at the engine's thread count and stores the result under ``KEY`` in the cache the
-next start reads. Niced: an engine that resumes meanwhile keeps its cores, and the measurement it disturbed is
-marked shared, so the next start measures again. Exit 0 when stored; 2 with one line on bad arguments; 1 with
+Measures the engine's kernels at the engine's thread count (``cpu_device.measurement(refresh=True)``, which keys
+the entry as the engine's process did) and stores the result in the cache the next start reads. Niced: an engine
+that resumes meanwhile keeps its cores, and the measurement it disturbed is marked shared, so the next start
+measures again. Exit 0 when stored; 2 with one line on bad arguments; 1 with
 one line when the measurement fails.
 """
 
@@ -15,7 +16,7 @@ import json
 import os
 import sys
 
-from .cpu_device import measure, torch_threads
+from .cpu_device import measurement
 from .shapes import ModelShape
 
 
@@ -30,7 +31,6 @@ def _model(text: str | None) -> ModelShape | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m m2live.cpu_remeasure", description=__doc__.splitlines()[0])
-    ap.add_argument("--key", required=True, help="the cache key to store the measurement under")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--threads", type=int, required=True, help="the engine's torch threads")
     ap.add_argument("--budget-s", type=float, default=1.6, help="the microbenchmark's time budget (s)")
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     try:
-        with torch_threads(args.threads):
-            measure(args.key, model, args.dtype, args.budget_s)
+        measurement(refresh=True, budget_s=args.budget_s, model=model, dtype=args.dtype, threads=args.threads)
     except Exception as e:  # noqa: BLE001 - one line for the engine's log, never a traceback
         print(f"m2live.cpu_remeasure: measurement failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -173,8 +173,8 @@ def test_prior_check_drops_a_measurement_the_engine_disagrees_with(cache_home, t
 def test_remeasurement_child_failures_are_one_line(cache_home, tiny, caplog) -> None:
     from m2live.cpu_remeasure import main
 
-    assert main(["--key", "k", "--threads", "1", "--model", "{\"hidden\": 1}"]) == 2
-    assert main(["--key", "k", "--threads", "0"]) == 2
+    assert main(["--threads", "1", "--model", "{\"hidden\": 1}"]) == 2
+    assert main(["--threads", "0"]) == 2
     chk = PriorCheck("k", tiny, "bf16", n=8)
     chk.remeasure_pending, chk.dtype = True, "int3"  # the child refuses it: one warning, nothing counted
     with caplog.at_level("WARNING", logger="m2live"):
