@@ -240,7 +240,7 @@ def server_settings(cfg: ServingConfig, gpu: GpuSpec, tp: int) -> ServerSettings
     return ServerSettings(
         release, max_tokens, max_seqs, cuda_graph_capture_max(gpu, max_seqs, max_tokens, release),
         cfg.async_scheduling if cfg.async_scheduling is not None else async_scheduling_default(gpu, release),
-        cfg.allreduce_fusion if cfg.allreduce_fusion is not None else allreduce_fusion_default(release))
+        allreduce_fusion_default(release, cfg.allreduce_fusion))
 
 
 # ---- memory -------------------------------------------------------------------------------------------------

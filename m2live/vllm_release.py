@@ -130,9 +130,11 @@ def async_scheduling_default(gpu: GpuSpec, release: VllmRelease) -> bool:
     return gpu.arch != "cpu" and release >= ASYNC_SCHEDULING_FROM
 
 
-def allreduce_fusion_default(release: VllmRelease) -> bool | None:
-    """The all-reduce + RMSNorm fusion left unset: None (the predictor's rule: on where vLLM turns it on) from
-    ALLREDUCE_FUSION_FROM, False before it."""
+def allreduce_fusion_default(release: VllmRelease, given: bool | None = None) -> bool | None:
+    """The all-reduce + RMSNorm fusion: ``given`` (the server's flag) when set; left unset, None (the predictor's
+    rule: on where vLLM turns it on) from ALLREDUCE_FUSION_FROM, False before it."""
+    if given is not None:
+        return given
     return None if release >= ALLREDUCE_FUSION_FROM else False
 
 

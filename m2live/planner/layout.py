@@ -59,8 +59,7 @@ class LayoutModel:
         self.pred = Predictor(gpu, model, tp=tp, dtype=cfg.precision, act_scale=cfg.act_scale,
                               kv_cache_dtype=cfg.kv_cache_dtype,
                               **cfg.constants.get(gpu.name, {}),
-                              allreduce_fusion=cfg.allreduce_fusion if cfg.allreduce_fusion is not None
-                              else allreduce_fusion_default(cfg.vllm_version))
+                              allreduce_fusion=allreduce_fusion_default(cfg.vllm_version, cfg.allreduce_fusion))
         self.shard = self.pred.model
         self.mem = memory_fit(gpu, self.shard, stats, cfg, cfg.precision)
         self.ratio = stats.prefill_per_decode
