@@ -506,6 +506,24 @@ def test_batch_csv_roundtrip(tmp_path, capsys):
     assert float(rows[1]["tpot_ms"]) <= float(rows[0]["tpot_ms"])
 
 
+def test_batch_keeps_the_rows_own_figures_beside_the_simulated_ones(tmp_path, capsys):
+    """A batch file that already has ttft_ms / tpot_ms (a measured run's, or a previous run's output) keeps them as
+    input_ttft_ms / input_tpot_ms beside the simulated columns; run again on that output, nothing is dropped either."""
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,16,bf16,55.5,4.25,\n{L8},h100-sxm,1,1024,128,16,bf16,,,\n",
+                      header=f"{BATCH_HEADER},ttft_ms,tpot_ms,output_tokens_per_s")
+    assert rc == 0
+    assert [r["input_ttft_ms"] for r in rows] == ["55.5", ""] and [r["input_tpot_ms"] for r in rows] == ["4.25", ""]
+    assert "input_output_tokens_per_s" not in rows[0]  # an all-blank column is the output's, not data
+    assert float(rows[0]["ttft_ms"]) == pytest.approx(float(rows[1]["ttft_ms"])) and float(rows[0]["ttft_ms"]) != 55.5
+    again = tmp_path / "again.csv"
+    assert main(["simulate", "--batch", str(tmp_path / "o.csv"), "-o", str(again)]) == 0
+    rows2 = list(csv.DictReader(open(again)))
+    assert rows2[0]["input_ttft_ms"] == "55.5" and rows2[0]["input_input_ttft_ms"] == rows[0]["ttft_ms"]
+    assert rows2[0]["input_output_tokens_per_s"] == rows[0]["output_tokens_per_s"]
+    assert rows2[0]["ttft_ms"] == rows[0]["ttft_ms"]
+    capsys.readouterr()
+
+
 def test_async_scheduling_switch_cli_and_batch(tmp_path, capsys):
     """--async-scheduling off (a server started without it, older vLLM's default) prices each decode step's host
     work after its device work: TPOT grows; the batch file's optional column sets it per row and overrides the

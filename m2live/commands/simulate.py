@@ -133,7 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", metavar="CAL.json", help="a GPU calibration from 'm2live calibrate fit'")
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
-                                                       f"{', '.join(BATCH_OPTIONAL)})")
+                                                       f"{', '.join(BATCH_OPTIONAL)}); every other column is "
+                                                       "echoed, one named as an output (a measured ttft_ms) as "
+                                                       "input_<name>")
     p.add_argument("-o", "--output", metavar="OUT.csv", help="with --batch: where to write (default stdout); a "
                    "configuration that cannot run (does not fit, ...) is written with an error column, and exit 2")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -369,6 +371,11 @@ def run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR, BATCH_NOTE)]  # the input's columns, echoed
+    # an input column named as one of ours (a measured run's ttft_ms) is kept beside ours, not overwritten
+    renamed = _kept_as(header, rows)
+    kept += list(renamed.values())
+    for row in rows:
+        row.update({new: row.get(old, "") for old, new in renamed.items()})
     noted = False
     blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
     caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
@@ -444,6 +451,20 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
               release_arg(row.get("vllm_version"), "vllm_version"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
     return fields_, limits
+
+
+def _kept_as(header: list[str], rows: list[dict]) -> dict[str, str]:
+    """Input columns named as the batch's output columns (``BATCH_OUT``: a measured run's ``ttft_ms``, a previous
+    run's output) that hold any value: each is echoed as ``input_<name>`` (``input_`` again while that is taken),
+    so the rows' own figures are kept beside the simulated ones."""
+    renamed: dict[str, str] = {}
+    for name in BATCH_OUT:
+        if name in header and any((row.get(name) or "").strip() for row in rows):
+            new = f"input_{name}"
+            while new in header or new in renamed.values():
+                new = f"input_{new}"
+            renamed[name] = new
+    return renamed
 
 
 @contextmanager
