@@ -85,6 +85,7 @@ snapshot: venv servers
 # Re-fit the per-architecture constants on the calibration tables (copy the values into m2live/efficiency.py).
 fit: venv
 	$(BIN)/python bench/fit_constants.py --out results/constants.json
+	$(BIN)/python bench/fit_fp8.py --out results/fp8_constants.json
 
 # The GPU probe's whole pipeline on CPU (tiny shapes, replayed clock); the real run needs an NVIDIA GPU:
 #   PYTHONPATH=. python3 -m m2live probe --quick --out results/probe/<gpu>-<date>
