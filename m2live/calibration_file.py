@@ -24,6 +24,7 @@ from .calibration_params import (
     CalibrationError,
     Row,
     carry_to_fp8,
+    plausible_range,
     row_kind,
 )
 from .efficiency import ArchConstants, constants_for
@@ -143,6 +144,11 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {what} {n!r} needs numeric 'prior' and 'fitted'") from None
         if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
+        lo, hi = plausible_range(n)
+        for label, x in (("fitted", val), ("prior", prior)):
+            if not (math.isfinite(x) and x <= hi and (x > lo or (n in LINEAR and x >= lo))):
+                raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
+                                       f"gives ({lo:g} to {hi:g})")
         if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
             raise CalibrationError(f"{where}: {what} {n!r} is the exponent of a soft maximum: at least 1, "
                                    f"not {v['fitted']!r}")
@@ -162,6 +168,8 @@ def load(path: str | os.PathLike) -> Calibration:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise CalibrationError(f"{p}: not JSON ({e.msg}, line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # a 4300-digit integer, nesting past the recursion limit
+        raise CalibrationError(f"{p}: not a calibration ({str(e)[:120]})") from None
     return Calibration.from_json(doc, p)
 
 
@@ -183,7 +191,8 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
     calibration), unless no kind is left; without it, such a kind is an error."""
     d = Path(directory)
     if not d.is_dir():
-        raise CalibrationError(f"{directory}: not a directory (give the folder holding {', '.join(FILES.values())})")
+        why = "not a directory" if d.exists() else "no such directory"
+        raise CalibrationError(f"{directory}: {why} (give the folder holding {', '.join(FILES.values())})")
     paths = [d / name for name in FILES.values() if (d / name).is_file()]
     if not paths:
         raise CalibrationError(f"{directory}: none of {', '.join(FILES.values())} found")
@@ -196,6 +205,11 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
             raise CalibrationError(str(e)) from None
         if meas is None:
             raise CalibrationError(f"{p}: no latency_ms column (measure the plan's shapes first)")
+        if not t.rows:  # a header only: that kind has no rows
+            if sparse is None:
+                raise CalibrationError(f"{p}: no rows (a header only)")
+            sparse[next(k for k, name in FILES.items() if name == p.name)] = 0
+            continue
         n_kind: dict[str, int] = {}
         for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, meas, strict=True), start=2):
             dev = (row.get("device") or "").strip()
@@ -215,6 +229,10 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
                 raise CalibrationError(f"{p}:{i}: malformed shape cells") from None
             if "head_dim" in cells and int(cells["head_dim"]) % 8:
                 raise CalibrationError(f"{p}:{i}: head_dim {cells['head_dim']} is not a multiple of 8")
+            if "num_heads" in cells and (int(cells["num_key_value_heads"]) < 1
+                                         or int(cells["num_heads"]) % int(cells["num_key_value_heads"])):
+                raise CalibrationError(f"{p}:{i}: num_heads {cells['num_heads']} is not a multiple of "
+                                       f"num_key_value_heads {cells['num_key_value_heads']}")
             rows.append(Row(k, cells, ms))
             n_kind[k] = n_kind.get(k, 0) + 1
         for k, n in n_kind.items():

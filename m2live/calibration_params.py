@@ -111,6 +111,26 @@ BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2,
                                           "t_fixup": (0.0, 1e-5),
                                           # the limiter's fast loop: from holding the TDP to no second stage
                                           "limiter_headroom": (1.0, 2.0)}
+# What a calibration file may hold at all, whatever its prior (``calibration_file`` refuses values outside, so a
+# corrupted or hand-edited file cannot overflow the model): the fit's own BOUNDS where it has them, else by kind —
+# times at most a second, per-CTA and per-SM rates at most 1e14 B/s, bytes per SM clock at most 1e4, the rest
+# (feeds, K lengths, overlaps) at most 1e6.
+TIME_LIKE = frozenset({"item_cost", "block_cost", "q_row"})
+
+
+def plausible_range(name: str) -> tuple[float, float]:
+    """(lo, hi) that any value of the constant ``name`` lies in (lo excluded unless the constant is LINEAR)."""
+    if name in BOUNDS:
+        return BOUNDS[name]
+    if name.startswith("t_") or name in TIME_LIKE:
+        return 0.0, 1.0
+    if name in ("cta_bw", "q_sm_bw"):
+        return 0.0, 1e14
+    if name.endswith("_per_clk"):
+        return 0.0, 1e4
+    return 0.0, 1e6
+
+
 # Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.
 DISCRETE: dict[str, tuple[float, ...]] = {"k_split": (256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072)}
 RESID_SCALE = 0.03  # log-latency residual that counts as "one unit" in the robust loss (soft-L1 knee)

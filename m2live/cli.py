@@ -39,8 +39,9 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from .shapes import ModelShapeError
     from .step import StepError
 
-    return (CliError, UnknownGpuError, ModelShapeError, StepError, ValueError, FileNotFoundError,
-            PermissionError, IsADirectoryError, NotADirectoryError)
+    # every OS error (a missing or unreadable path, a symlink loop, a name too long, a full disk) is the
+    # environment's, said in one line; BrokenPipeError (a closed stdout) is handled before these
+    return (CliError, UnknownGpuError, ModelShapeError, StepError, ValueError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def one_line(e: BaseException) -> str:
     """The error as one line: an OS error raised by open() as "PATH: reason" (not "[Errno 2] ... 'PATH'")."""
-    if isinstance(e, OSError) and e.filename is not None and e.strerror:
-        return f"{e.filename}: {e.strerror.lower()}"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror.lower()}" if e.filename is not None else e.strerror.lower()
     text = str(e).strip()
     return text.splitlines()[0] if text else e.__class__.__name__
 
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:
+        return 0
     except _expected_errors() as e:
         msg = one_line(e)
         print(f"m2live {args.command}: error: {msg}", file=sys.stderr)
@@ -75,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"m2live {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

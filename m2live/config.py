@@ -183,7 +183,7 @@ class M2liveConfig:
             raise ConfigError(f"M2LIVE_DEVICE_SCALE must be within [1e-06, 1e+06], got {self.device_scale}")
         if self.fault:
             kind, _, n = self.fault.partition(":")
-            if kind != "predict" or (n and not (n.isdigit() and len(n) < 10 and int(n) > 0)):
+            if kind != "predict" or (n and not (limits.digits(n) and len(n) < 10 and int(n) > 0)):
                 raise ConfigError(f"M2LIVE_FAULT must be 'predict' or 'predict:N', got {self.fault!r}")
 
     def describe(self) -> dict[str, object]:
@@ -286,8 +286,8 @@ def _read_file(path: str) -> dict[str, object]:
                 data = json.loads(text)
             except json.JSONDecodeError:
                 data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"M2LIVE_CONFIG: {path} is neither valid JSON nor TOML ({e})") from None
+    except (ValueError, tomllib.TOMLDecodeError) as e:  # ValueError: json's, and its 4300-digit integer limit
+        raise ConfigError(f"M2LIVE_CONFIG: {path} is neither valid JSON nor TOML ({str(e)[:120]})") from None
     except RecursionError:
         raise ConfigError(f"M2LIVE_CONFIG: {path} is nested too deeply to be a table of options") from None
     if isinstance(data, dict) and isinstance(data.get("m2live"), dict):
@@ -335,6 +335,8 @@ def _convert(name: str, value: object) -> object:
         if f != f or f in (float("inf"), float("-inf")):
             raise ConfigError(f"{env} must be finite, got {value!r}")
         return f
+    if not isinstance(value, str | int | float) or isinstance(value, bool):  # a file's list or table, not text
+        raise ConfigError(f"{env} must be a string, got {str(value)[:40]!r}")
     s = str(value).strip()
     return s or None
 

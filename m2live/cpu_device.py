@@ -52,6 +52,7 @@ from typing import Any
 from .cpu_kernels import microbenchmark
 from .efficiency import ARCH, ArchConstants
 from .hardware import GpuSpec, register
+from .limits import digits
 from .shapes import ModelShape
 from .telemetry import cpuinfo_mhz
 
@@ -164,7 +165,7 @@ def vllm_cpu_threads(tp: int = 1) -> int | None:
     one_per_core = arch in ("x86_64", "amd64", "i686", "s390x")  # SMT siblings left idle
     count = len({topo[c][1] for c in on_node}) if one_per_core else len(on_node)
     reserve = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "").strip()
-    if reserve.isdigit():
+    if digits(reserve):
         n_reserved = int(reserve)
     else:
         n_reserved = max(1, tp) if arch in ("x86_64", "amd64", "aarch64", "arm64", "riscv64") else 1

@@ -13,6 +13,12 @@ import math
 from dataclasses import dataclass
 
 
+def digits(s: str) -> bool:
+    """Whether ``s`` is a non-empty run of ASCII digits 0-9 (``str.isdigit`` also takes '²' and other scripts'
+    digits, which ``int`` then refuses)."""
+    return s.isascii() and s.isdigit()
+
+
 def positive_float(raw: str, what: str, error: type[ValueError] = ValueError) -> float:
     """A finite number > 0 from user text, else ``error`` with one line naming ``what``."""
     try:

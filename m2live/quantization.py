@@ -130,7 +130,7 @@ def _json_file(path: Path) -> object | None:
         return None
     try:
         return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
         return None
 
 

@@ -30,13 +30,14 @@ def summarize(records: list[dict], warmup: int = 20) -> dict:
     ok = np.isfinite(meas) & (meas > 0)
     after = ok.copy()
     after[: min(warmup, len(after))] = False
-    if not after.any():
+    warmed = bool(after.any())
+    if not warmed:  # a trace no longer than the warm-up: every measured step (said so: after_warmup False)
         after = ok
 
     def median_ape(x: np.ndarray) -> float | None:
         return float(np.median(np.abs(x[after] - meas[after]) / meas[after])) if after.any() else None
 
-    return {"steps": len(records), "measured_steps": int(ok.sum()),
+    return {"steps": len(records), "measured_steps": int(ok.sum()), "after_warmup": warmed,
             "median_abs_error_raw": median_ape(pred), "median_abs_error_corrected": median_ape(corr)}
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .hardware import GpuSpec
+from .limits import STEP_SEQS, STEP_TOKENS
 from .shapes import ModelShape
 from .vllm_release import (
     DEFAULT_GPU_RELEASE,
@@ -189,6 +190,11 @@ class ServingConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SimulationError(f"{name} must be a positive integer, got {v!r}")
+        for name, bound in (("max_num_seqs", STEP_SEQS), ("max_num_batched_tokens", STEP_TOKENS)):
+            v = getattr(self, name)
+            if v is not None and v > bound.hi:
+                raise SimulationError(f"{name} {v:.3g} is past what one engine step holds (at most {int(bound.hi)} "
+                                      f"{bound.unit})")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks > MAX_GPU_BLOCKS:
             raise SimulationError(f"num_gpu_blocks {self.num_gpu_blocks} is more blocks than vLLM's block tables "
                                   f"address (int32 block ids: at most {MAX_GPU_BLOCKS})")

@@ -12,6 +12,10 @@ from pathlib import Path
 
 from .hardware import norm_name
 
+# A config.json dimension (hidden size, heads, layers, vocabulary, ...) past this is a broken file, not a model: the
+# largest published decoders are ~50k wide with ~250k-entry vocabularies (2**24 = 16.8 M)
+MAX_DIM = 1 << 24
+
 
 class ModelShapeError(ValueError):
     """A config that is not a usable decoder shape (missing fields, wrong types, not a decoder, bad TP)."""
@@ -123,9 +127,15 @@ class ModelShape:
         if not isinstance(cfg, dict):
             raise ModelShapeError("config.json must hold a JSON object")
         if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers keep the LM inside
+            if not isinstance(cfg["text_config"], dict):
+                raise ModelShapeError(f"{name}: text_config must be a JSON object, got {cfg['text_config']!r:.60}")
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
         archs = cfg.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ModelShapeError(f"{name}: architectures must be a list of class names, got {archs!r:.60}")
         model_type = cfg.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            raise ModelShapeError(f"{name}: model_type must be a string, got {model_type!r:.60}")
         if model_type is not None and model_type not in DENSE_MODEL_TYPES:
             raise ModelShapeError(f"{name}: model_type {model_type!r} is not a supported dense decoder (one of "
                                   f"{', '.join(sorted(DENSE_MODEL_TYPES))})")
@@ -139,7 +149,9 @@ class ModelShape:
 
         def pos_int(key: str, value) -> int:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ModelShapeError(f"{name}: {key} must be a positive integer, got {value!r}")
+                raise ModelShapeError(f"{name}: {key} must be a positive integer, got {value!r:.60}")
+            if value > MAX_DIM:
+                raise ModelShapeError(f"{name}: {key} {value:.3g} is past any model m2live prices (at most {MAX_DIM})")
             return value
 
         hidden = pos_int("hidden_size", cfg["hidden_size"])
@@ -173,8 +185,8 @@ class ModelShape:
             raise ModelShapeError(f"no config.json at {path}")
         try:
             cfg = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelShapeError(f"{p}: not readable JSON ({e.__class__.__name__}: {e})") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
+            raise ModelShapeError(f"{p}: not readable JSON ({e.__class__.__name__}: {str(e)[:120]})") from None
         return cls.from_config(cfg, name=str(path))
 
 

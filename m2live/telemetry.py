@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from .limits import digits
+
 
 class TelemetryError(RuntimeError):
     """A clock source that cannot be opened or read."""
@@ -401,7 +403,7 @@ def nvml_device_info(uuid: str = "", index: int = 0) -> dict:
             index = found[0]
         else:
             vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            index = int(vis) if vis.isdigit() and int(vis) < count else index
+            index = int(vis) if digits(vis) and int(vis) < count else index
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         pl = opt(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         pdl = opt(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)

@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limits import STEP_TOKENS
 from .record import StepRecord
 from .workqueue import DropOldestQueue
 
@@ -150,6 +151,10 @@ class TraceContents:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
+MAX_STEP_S = 3600.0  # a step record's times: an hour at most (the slowest CPU steps take seconds)
+MAX_F_CLK = 10.0  # the clock over the device's rated boost (GeForce boards run ~1.2 x theirs)
+
+
 def _is_num(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -161,17 +166,23 @@ def _problem(rec: object) -> str | None:
     missing = [k for k in REQUIRED if k not in rec]
     if missing:
         return f"record lacks {', '.join(missing)}"
-    for k in ("predicted_s", "corrected_s", "f_clk"):
-        if not _is_num(rec[k]):
-            return f"{k} must be a number, got {str(rec[k])[:32]!r}"
-    if rec["measured_s"] is not None and not _is_num(rec["measured_s"]):
-        return "measured_s must be a number or null"
+    for k in ("predicted_s", "corrected_s"):
+        if not (_is_num(rec[k]) and 0 < rec[k] <= MAX_STEP_S):
+            return f"{k} must be seconds in (0, {MAX_STEP_S:g}], got {str(rec[k])[:32]!r}"
+    if not (_is_num(rec["f_clk"]) and 0 < rec["f_clk"] <= MAX_F_CLK):
+        return f"f_clk must be a clock ratio in (0, {MAX_F_CLK:g}], got {str(rec['f_clk'])[:32]!r}"
+    clock = rec.get("clock_mhz")
+    if clock is not None and not (_is_num(clock) and clock > 0):
+        return f"clock_mhz must be a positive number or null, got {str(clock)[:32]!r}"
+    m = rec["measured_s"]
+    if m is not None and not (_is_num(m) and 0 < m <= MAX_STEP_S):
+        return f"measured_s must be seconds in (0, {MAX_STEP_S:g}] or null, got {str(m)[:32]!r}"
     for k in ("num_prefill_tokens", "num_decode_tokens"):
-        if not _is_num(rec[k]):
-            return f"{k} must be a number, got {str(rec[k])[:32]!r}"
+        if not (_is_num(rec[k]) and 0 <= rec[k] <= STEP_TOKENS.hi):
+            return f"{k} must be a token count in 0 .. {int(STEP_TOKENS.hi)}, got {str(rec[k])[:32]!r}"
     ops = rec["ops"]
-    if not isinstance(ops, dict) or not all(isinstance(o, str) and isinstance(t, int | float)
-                                            and not isinstance(t, bool) for o, t in ops.items()):
+    if not isinstance(ops, dict) or not all(isinstance(o, str) and _is_num(t) and 0 <= t <= MAX_STEP_S
+                                            for o, t in ops.items()):
         return "ops must be an object of {operator: seconds}"
     fac = rec["factors"]
     if not isinstance(fac, dict) or not all(

@@ -66,6 +66,18 @@ def _int_cell(row: dict[str, str], col: str, lineno: int, path: str, minimum: in
     return int(v)
 
 
+def check_csv_shape(path: str, header: list[str], rows: list[dict], error: type[ValueError]) -> None:
+    """A CSV whose header names a column twice, or a row with more cells than the header has columns, would be
+    read wrongly (a later cell silently wins; extra cells dropped): ``error`` naming the file (and row)."""
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise error(f"{path}: column(s) {', '.join(map(repr, dup))} named more than once in the header")
+    for i, r in enumerate(rows, start=2):
+        extra = r.get(None)  # csv.DictReader keeps a row's cells past the header under the key None
+        if extra:
+            raise error(f"{path}:{i}: {len(extra)} more cell(s) than the header's {len(header)} columns")
+
+
 def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:
     """``dtype`` None: from the file name (``table_dtype``)."""
     p = str(path)
@@ -80,6 +92,7 @@ def read_table(path: str | os.PathLike, dtype: str | None = None) -> Table:
         raise TableError(f"{p}: malformed CSV ({e})") from None
     if not header:
         raise TableError(f"{p}: empty file (no header row)")
+    check_csv_shape(p, header, rows, TableError)
     if all(c in header for c in GEMM_COLS):
         kinds = ["gemm"] * len(rows)
     elif all(c in header for c in ATTN_COLS):
@@ -190,11 +203,22 @@ class RowPredictor:
                 for i, (kind, row) in enumerate(zip(table.kinds, table.rows, strict=True), start=2)]
 
 
+# A measured operator latency outside this (one nanosecond to ~3 hours) is a broken cell, not a measurement
+LATENCY_MS_RANGE = (1e-6, 1e7)
+
+
 def measured(table: Table) -> list[float] | None:
     if "latency_ms" not in table.header:
         return None
-    return [positive_float((r.get("latency_ms") or "").strip(), f"{table.path}:{i}: column 'latency_ms'", TableError)
-            for i, r in enumerate(table.rows, start=2)]
+    out = []
+    lo, hi = LATENCY_MS_RANGE
+    for i, r in enumerate(table.rows, start=2):
+        where = f"{table.path}:{i}: column 'latency_ms'"
+        v = positive_float((r.get("latency_ms") or "").strip(), where, TableError)
+        if not lo <= v <= hi:
+            raise TableError(f"{where}: {v:g} ms is outside any measured operator ({lo:g} to {hi:g} ms)")
+        out.append(v)
+    return out
 
 
 def mape(pred: Iterable[float] | Iterable[tuple[float, float]], meas: Iterable[float] | None = None
@@ -238,6 +262,8 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
         meas = measured(table)
         if meas is None:
             raise TableError(f"{path}: no latency_ms column to validate against")
+        if not table.rows:
+            raise TableError(f"{path}: no rows to validate against (a header only)")
         pred = rp.predict_table(table)
         groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for kind, row, p, m in zip(table.kinds, table.rows, pred, meas, strict=True):

@@ -77,7 +77,69 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     binary = tmp / "m2live.toml"
     binary.write_bytes(bytes(range(256)) * 4)
     png = str(tmp / "r.png")
+    loop = tmp / "loop"
+    loop.symlink_to(tmp / "loop2")
+    (tmp / "loop2").symlink_to(loop)
+    long_name = str(tmp / ("x" * 300))
+    cfg = json.loads((MODELS / "tiny-llama" / "config.json").read_text())
+    models = {}
+    for name, change in (("archs_int", {"architectures": 5}), ("type_list", {"model_type": ["llama"]}),
+                         ("hidden_1e15", {"hidden_size": 10**15}), ("text_list", {"text_config": [1]})):
+        d = tmp / name
+        d.mkdir()
+        body = {**cfg, **change}
+        if name == "text_list":
+            body.pop("hidden_size")
+        (d / "config.json").write_text(json.dumps(body))
+        models[name] = str(d)
+    deep = tmp / "deep"
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000)
+    clock_str = tmp / "clock.jsonl"
+    clock_str.write_text(_trace_line(clock_mhz="fast") * 3)
+    neg = tmp / "neg.jsonl"
+    neg.write_text(_trace_line(predicted_s=-1.0) * 3)
+    dup = tmp / "dup.csv"
+    dup.write_text("device,vllm_version,kernel_source,m,m,k,latency_ms\nNVIDIA H100 80GB HBM3,0.24.0,x,1,32,32,0.1\n")
+    extra = tmp / "extra.csv"
+    extra.write_text("device,vllm_version,kernel_source,m,n,k,latency_ms\nNVIDIA H100 80GB HBM3,0.24.0,x,1,32,32,0.1,9\n")
+    huge_ms = tmp / "huge" / "gemm_bf16.csv"
+    huge_ms.parent.mkdir()
+    huge_ms.write_text("device,vllm_version,kernel_source,m,n,k,latency_ms\n" + "".join(
+        f"NVIDIA H100 80GB HBM3,0.24.0,x,{m},4096,4096,{'1e300' if m == 1 else 0.05}\n" for m in (1, 2, 4, 8, 16)))
+    batch_header = tmp / "batch.csv"
+    batch_header.write_text("model,gpu,tp,isl,osl,concurrency,precision\n")
+    sim = ["simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm", "--isl", "100", "--osl", "10",
+           "--concurrency", "2"]
     return {
+        "ops symlink loop": (["ops", str(loop)], {}),
+        "ops name too long": (["ops", long_name], {}),
+        "plan -o /dev/full": (["calibrate", "plan", "--gpu", "h100-sxm", "--kind", "gemm", "-o", "/dev/full"], {}),
+        "config architectures 5": ([*PREDICT[:3], "--model", models["archs_int"], "--decode", "10"], {}),
+        "config model_type list": ([*PREDICT[:3], "--model", models["type_list"], "--decode", "10"], {}),
+        "config hidden 1e15": ([*PREDICT[:3], "--model", models["hidden_1e15"], "--decode", "10"], {}),
+        "config text_config list": ([*PREDICT[:3], "--model", models["text_list"], "--decode", "10"], {}),
+        "config nested 1e5 deep": ([*PREDICT[:3], "--model", str(deep), "--decode", "10"], {}),
+        "decode past the context": ([*PREDICT[:3], "--model", "meta-llama/Llama-2-7b-hf", "--decode", "100000"], {}),
+        "report clock string": (["report", str(clock_str), "-o", png], {}),
+        "report negative prediction": (["report", str(neg), "-o", png], {}),
+        "validate duplicate column": (["validate", str(dup)], {}),
+        "ops extra cells": (["ops", str(extra)], {}),
+        "calibrate latency 1e300": (["calibrate", "fit", str(huge_ms.parent), "--gpu", "h100-sxm", "-o",
+                                     str(tmp / "cal.json")], {}),
+        "batch header only": (["simulate", "--batch", str(batch_header), "-o", str(tmp / "b.csv")], {}),
+        "simulate rate 1e-300": ([*sim, "--request-rate", "1e-300"], {}),
+        "simulate frontend 1e300": ([*sim, "--frontend-ms", "1e300"], {}),
+        "simulate cache past memory": ([*sim, "--kv-cache-gib", "100"], {}),
+        "simulate max-num-seqs 1e20": ([*sim, "--max-num-seqs", "1" + "0" * 20], {}),
+        "rank max-seqs 1e20": (["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat", "--gpus",
+                                "h100-sxm", "--max-seqs", "1" + "0" * 20], {}),
+        "rank superscript digit": (["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat",
+                                    "--max-batched-tokens", "\u00b2"], {}),
+        "M2LIVE_ADMISSION without SLO": (["config", "check"], {"M2LIVE_ADMISSION": "1"}),
+        "M2LIVE_TRACE a directory": (["config", "check"], {"M2LIVE_TRACE": str(tmp)}),
+        "M2LIVE_PROM_HOST not a host": (["config", "check"], {"M2LIVE_PROM_HOST": "not a host!!"}),
+        "M2LIVE_MQTT_URL broken IPv6": (["config", "check"], {"M2LIVE_MQTT_URL": "mqtt://[::1"}),
         "clock 1e-300": ([*PREDICT, "--decode", "100", "--clock-mhz", "1e-300"], {}),
         "clock inf": ([*PREDICT, "--decode", "100", "--clock-mhz", "inf"], {}),
         "decode count 1e30": ([*PREDICT, "--decode", "10x" + "1" + "0" * 30], {}),
@@ -103,7 +165,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", "decode 10x10000000", "tp 1e23",
          "rank rate 1e308", "ops header only", "ops -o /dev/full", "ops clock inf", "report ops list", "report factors str",
          "report warmup 1e30", "binary M2LIVE_CONFIG", "M2LIVE_QUEUE_SIZE=1e12", "M2LIVE_RESIDUAL_WINDOW=1e9",
-         "M2LIVE_SLO_MS=1e-9", "misspelt M2LIVE_SLO_MSS"]
+         "M2LIVE_SLO_MS=1e-9", "misspelt M2LIVE_SLO_MSS", "ops symlink loop", "ops name too long",
+         "plan -o /dev/full", "config architectures 5", "config model_type list", "config hidden 1e15",
+         "config text_config list", "config nested 1e5 deep", "decode past the context", "report clock string",
+         "report negative prediction", "validate duplicate column", "ops extra cells", "calibrate latency 1e300",
+         "batch header only", "simulate rate 1e-300", "simulate frontend 1e300", "simulate cache past memory",
+         "simulate max-num-seqs 1e20", "rank max-seqs 1e20", "rank superscript digit", "M2LIVE_ADMISSION without SLO",
+         "M2LIVE_TRACE a directory", "M2LIVE_PROM_HOST not a host", "M2LIVE_MQTT_URL broken IPv6"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -122,6 +190,8 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
     assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("m2live "), (case, err)
     if argv[0] != "config":
         assert out == "", case
+    for written in ("cal.json", "b.csv"):  # a refused input leaves no output file behind
+        assert not (tmp_path / written).exists(), case
 
 
 def test_an_unreadable_path_is_named_with_its_reason_not_an_errno(tmp_path, capsys):
@@ -297,3 +367,48 @@ def test_remote_control_is_bounded_logged_and_counted(tmp_path):
     finally:
         exp.close()
         mon.close()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--time-limit", "inf"], "--time-limit must be more than 0"),
+    (["--calibrate", "--holdout", "1e308"], "--holdout must be from 0 to"),
+    (["--gpu", "zzz"], "unknown GPU 'zzz'"),
+])
+def test_probe_refuses_bad_flags_before_making_its_folder(tmp_path, capsys, flags, says):
+    """A probe refused for its flags or GPU name says so in one line and leaves no empty output folder behind."""
+    out = tmp_path / "probe"
+    assert main(["probe", "--dry-run", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not out.exists()
+
+
+def test_a_calibration_file_outside_what_any_fit_gives_is_refused(tmp_path, capsys):
+    """A corrupted or hand-edited calibration (a constant at 1e300) is refused in one line instead of overflowing
+    the model or predicting nonsense."""
+    from m2live.calibration_file import Calibration
+    from m2live.efficiency import constants_for
+    from m2live.hardware import get_gpu
+
+    gpu = get_gpu("h100-sxm")
+    prior = constants_for(gpu)
+    doc = Calibration(gpu.name, gpu.kernel_family, {"k0": {"prior": prior.k0, "fitted": prior.k0 * 1.1}}, {}, {}, "", "",
+                      {}, None, {}).to_json()
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(doc))
+    assert main(["ops", str(GEMM), "--gpu", "h100-sxm", "--calibration", str(good), "-o", str(tmp_path / "o.csv")]) == 0
+    for name, value in (("k0", 1e300), ("t_kernel", 1e300), ("eta_tc", 1e300)):
+        doc["constants"] = {name: {"prior": float(getattr(prior, name)), "fitted": value}}
+        bad.write_text(json.dumps(doc))
+        capsys.readouterr()
+        assert main(["ops", str(GEMM), "--gpu", "h100-sxm", "--calibration", str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and "outside what any fit gives" in err[0], err
+
+
+def test_report_over_a_trace_shorter_than_the_warmup_says_so(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_trace_line() * 5)
+    assert main(["report", str(trace), "-o", str(tmp_path / "r.png"), "--warmup", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "over every measured step (none after the 1000-step warm-up)" in out and "after warm-up:" not in out

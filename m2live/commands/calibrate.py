@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from .. import calibrate as cal
+from ..limits import digits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +44,7 @@ def _budget(text: str | None) -> int | None:
     if text is None:
         return None
     s = str(text).strip()
-    if not s.isdigit() or int(s) < 1:
+    if not digits(s) or int(s) < 1:
         raise cal.CalibrationError(f"--budget must be a positive integer, got {text!r}")
     return int(s)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.parse
+from pathlib import Path
 
 from ..config import M2liveConfig, mask_url
 
@@ -41,8 +43,8 @@ def problems(cfg: M2liveConfig) -> list[str]:
         except (ModelShapeError, OSError, ValueError) as e:
             out.append(f"M2LIVE_MODEL: {str(e).splitlines()[0]}")
     if cfg.mqtt_url:
-        u = urllib.parse.urlsplit(cfg.mqtt_url)
         try:
+            u = urllib.parse.urlsplit(cfg.mqtt_url)  # raises on a broken IPv6 literal ('mqtt://[::1')
             u.port  # noqa: B018 - raises on a bad port
             ok = bool(u.hostname)
         except ValueError:
@@ -55,7 +57,41 @@ def problems(cfg: M2liveConfig) -> list[str]:
             out.append(f"{env}: no such file {path}")
     if cfg.mqtt_control_retained and not cfg.mqtt_control:
         out.append("M2LIVE_MQTT_CONTROL_RETAINED has no effect without M2LIVE_MQTT_CONTROL=1")
+    if cfg.admission and cfg.slo_ms is None:
+        out.append("M2LIVE_ADMISSION=1 has no effect without M2LIVE_SLO_MS (the SLO admission keeps steps under)")
+    if cfg.calibration and cfg.gpu and cfg.gpu.strip().lower() not in ("cpu", "cpu-device"):
+        from ..calibration_file import CalibrationError, load
+        from ..hardware import UnknownGpuError
+
+        try:
+            load(cfg.calibration).check_gpu(cfg.gpu)
+        except (CalibrationError, UnknownGpuError) as e:
+            out.append(f"M2LIVE_CALIBRATION: {str(e).splitlines()[0]}")
+    if cfg.trace and (why := _unwritable(cfg.trace)):
+        out.append(f"M2LIVE_TRACE {cfg.trace}: {why}")
+    if not _HOST.fullmatch(cfg.prom_host or ""):
+        out.append(f"M2LIVE_PROM_HOST {cfg.prom_host!r}: not an IP address or host name to bind to")
     return out
+
+
+# an IPv4 / IPv6 literal or a DNS name (letters, digits, '-', '.', ':' and '%' of a scoped IPv6 address)
+_HOST = re.compile(r"[A-Za-z0-9.:%\-]+|\[[0-9A-Fa-f:.%]+\]")
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the trace file at ``path`` could not be opened for appending (None: it can): a directory there, or
+    no writable directory to create it in (the plugin creates missing parent folders)."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a directory (give a file name)"
+    if p.exists():
+        return None if os.access(p, os.W_OK) else "not writable"
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot create it under {parent} (not writable)"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
     if beyond := tp_beyond_node(p.gpu, tp):
         raise ValueError(beyond)
+    ctx = p.model.max_context
+    longest = max([new + c for new, c in step.prefill_seqs] + [c + 1 for c in step.decode_contexts], default=0)
+    if ctx is not None and longest > ctx:
+        raise ValueError(f"a sequence of {longest} tokens is longer than {p.model.name}'s context ({ctx} tokens): "
+                         "vLLM serves none that long")
     if clock_mhz is not None:
         r = p.predict(step, clock_mhz=clock_mhz)
     else:

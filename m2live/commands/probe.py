@@ -6,6 +6,10 @@ replayed clock and perf_counter timing."""
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
+
+from ..hardware import get_gpu
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +34,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and score the zero-shot and calibrated predictions on them")
 
 
+MAX_SECONDS = 86400.0  # --time-limit and --holdout: a day at most (a device lent for minutes, in practice)
+
+
+def _seconds(value: float | None, flag: str, allow_zero: bool) -> None:
+    """``value`` (seconds) finite, positive (or 0 where ``allow_zero``) and at most MAX_SECONDS, else ProbeError."""
+    from ..probe import ProbeError
+
+    if value is None:
+        return
+    if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0)) and value <= MAX_SECONDS):
+        span = "from 0 to" if allow_zero else "more than 0 and at most"
+        raise ProbeError(f"{flag} must be {span} {MAX_SECONDS:.0f} seconds, got {value:g}")
+
+
 def run(args: argparse.Namespace) -> int:
+    """Check the flags and the GPU before anything is created; an output folder this run made and left empty is
+    removed when the run fails."""
+    _seconds(args.time_limit, "--time-limit", allow_zero=False)
+    _seconds(args.holdout, "--holdout", allow_zero=True)
+    if args.gpu is not None:
+        get_gpu(args.gpu)  # an unknown name: one line, before any folder exists
+    out = Path(args.out) if args.out else None
+    existed = out is not None and out.exists()
+    try:
+        return _run(args)
+    except BaseException:
+        if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..probe import ProbeError, run_probe

@@ -7,6 +7,7 @@ import argparse
 import re
 
 from ..hardware import all_gpus, get_gpu
+from ..limits import STEP_SEQS, STEP_TOKENS, digits
 from ..planner import PlanConfig, PlanError
 from ..quantization import model_kv_cache_dtype, weights_for
 from ..serving_config import parse_switch
@@ -42,14 +43,14 @@ def parse_prices(text: str | None) -> dict[str, float]:
 
 def pos_int(text: str, flag: str) -> int:
     s = str(text).strip()
-    if not s.isdigit() or int(s) < 1:
+    if not digits(s) or int(s) < 1:
         raise PlanError(f"{flag} must be a positive integer, got {text!r}")
     return int(s)
 
 
 def nonneg_int(text: str, flag: str) -> int:
     s = str(text).strip()
-    if not s.isdigit():
+    if not digits(s):
         raise PlanError(f"{flag} must be a non-negative integer, got {text!r}")
     return int(s)
 
@@ -95,9 +96,11 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
     """The planner's configuration from the parsed flags (the weights: --precision's, else the model's)."""
     w = weights_for(args.precision, args.model)
     return PlanConfig(slo_s=parse_slo(args.slo_ms),
-                      max_num_seqs=None if args.max_seqs is None else pos_int(args.max_seqs, "--max-seqs"),
+                      max_num_seqs=None if args.max_seqs is None
+                      else int(STEP_SEQS.parse(pos_int(args.max_seqs, "--max-seqs"), "--max-seqs", PlanError)),
                       max_batched_tokens=None if args.max_batched_tokens is None
-                      else pos_int(args.max_batched_tokens, "--max-batched-tokens"),
+                      else int(STEP_TOKENS.parse(pos_int(args.max_batched_tokens, "--max-batched-tokens"),
+                                                 "--max-batched-tokens", PlanError)),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
                       constants=calibrated_constants(args.calibration, gpus), precision=w.precision,
                       act_scale=w.act_scale, kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     er, ec = s["median_abs_error_raw"], s["median_abs_error_corrected"]
     skipped = (f"; {s['skipped_lines']} torn or garbled line(s) skipped (first: {s['first_skipped']})"
                if s["skipped_lines"] else "")
-    print(f"{args.out}: {s['steps']} steps; median |error| after warm-up: raw {er:.1%}, corrected {ec:.1%}"
-          f"{skipped}")
+    over = ("after warm-up" if s["after_warmup"]
+            else f"over every measured step (none after the {warmup}-step warm-up)")
+    print(f"{args.out}: {s['steps']} steps; median |error| {over}: raw {er:.1%}, corrected {ec:.1%}{skipped}")
     return 0

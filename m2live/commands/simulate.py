@@ -51,7 +51,8 @@ from rich.table import Table
 
 from ..cli import one_line
 from ..efficiency import ArchConstants
-from ..hardware import GpuSpec, get_gpu
+from ..hardware import GIB, GpuSpec, get_gpu
+from ..limits import RATE_RPS, digits
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch, server_settings
@@ -64,6 +65,7 @@ from ..simulate import (
     request_lengths,
     simulate,
 )
+from ..validate import check_csv_shape
 from ..vllm_release import VllmRelease
 from .engine_args import add_allreduce_fusion, add_async_scheduling, add_vllm_version, release_arg
 
@@ -143,9 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _pos_int(text: object, what: str, least: int = 1) -> int:
     s = str(text).strip()
-    if not s.isdigit() and s.endswith(".0") and s[:-2].isdigit():  # "1024.0": a table tool's integer
+    if not digits(s) and s.endswith(".0") and digits(s[:-2]):  # "1024.0": a table tool's integer
         s = s[:-2]
-    if not s.isdigit() or int(s) < least:
+    if not digits(s) or int(s) < least:
         kind = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise SimulationError(f"{what} must be {kind}, got {text!r}")
     return int(s)
@@ -173,13 +175,23 @@ def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants 
     return get_gpu(str(name).strip()), None
 
 
-def _nonneg_float(text: object, what: str) -> float:
+# The host priors a user may set: a client-engine path of at most a minute each way, tokenising at most 10 ms a
+# token; a KV cache of at most 1 PiB (a GPU's own memory caps it further in run_one; the CPU device's is the host's)
+MAX_FRONTEND_MS = 60_000.0
+MAX_TOKENIZE_US = 10_000.0
+MAX_KV_GIB = 1_048_576.0
+
+
+def _nonneg_float(text: object, what: str, hi: float = math.inf) -> float:
+    """A number from 0 to ``hi`` from a flag, else one line naming ``what``."""
     try:
         v = float(str(text))
     except ValueError:
         raise SimulationError(f"{what} must be a number, got {text!r}") from None
     if not (v >= 0 and math.isfinite(v)):
         raise SimulationError(f"{what} must be >= 0, got {text!r}")
+    if v > hi:
+        raise SimulationError(f"{what} must be at most {hi:g}, got {text!r}")
     return v
 
 
@@ -205,7 +217,8 @@ def _utilization(text: str | None) -> float | None:
 def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     """A request rate (the flag or a batch cell): None when blank or unset, inf (the closed loop: so is a number
     past float's range), or a positive number of requests/s."""
-    return _opt_float(text, what, lambda v: v > 0, "a positive number of requests/s (or inf)")
+    lo = RATE_RPS.lo  # a slower rate spreads the requests over years of simulated time
+    return _opt_float(text, what, lambda v: v >= lo, f"a number of requests/s from {lo:g} (or inf)")
 
 
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
@@ -218,6 +231,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
             max_model_len: int | None = None, vllm_version: VllmRelease | None = None) -> ServingResult:
     weights = weights_for(precision, model)
+    get_model(model).sharded(tp)  # a TP the heads refuse: said before the CPU device is measured (it imports torch)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
     if calibration:
@@ -247,6 +261,9 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                                                  allreduce_fusion=server.allreduce_fusion,
                                                  kv_cache_dtype=kv_cache_dtype)
     if kv_gib is not None:
+        if not _is_cpu(gpu_name) and kv_gib * GIB > gpu.mem_bytes:
+            raise SimulationError(f"--kv-cache-gib {kv_gib:g} is more than {gpu.name}'s memory "
+                                  f"({gpu.mem_bytes / GIB:.0f} GiB)")
         kv_tokens = int(kv_gib * 2**30 // pred.model.kv_bytes_per_token())
         if kv_tokens < 1:
             raise SimulationError(f"--kv-cache-gib {kv_gib}: holds no token")
@@ -273,12 +290,12 @@ def run(args: argparse.Namespace) -> int:
                 _pos_int(args.osl, "--osl"), _pos_int(args.concurrency, "--concurrency"), args.precision,
                 _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
-                None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib"),
-                None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms"),
+                None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib", MAX_KV_GIB),
+                None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms", MAX_FRONTEND_MS),
                 args.clock, args.calibration, args.test_run,
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
-                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us"),
+                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us", MAX_TOKENIZE_US),
                 _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
                 gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
                 num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
@@ -353,8 +370,12 @@ def run_batch(args: argparse.Namespace) -> int:
             if missing:
                 raise SimulationError(f"{path}: missing column(s) {', '.join(missing)} "
                                       f"(need {', '.join(BATCH_COLUMNS)})")
+            raw = list(reader)
+            check_csv_shape(str(path), header, raw, SimulationError)
             rows = [{(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in row.items()}
-                    for row in reader]
+                    for row in raw]
+            if not rows:
+                raise SimulationError(f"{path}: no configurations (a header only)")
     except (UnicodeDecodeError, csv.Error) as e:
         raise SimulationError(f"{path}: not a text CSV file ({one_line(e)})") from None
     # every row's fields first: a bad row anywhere in the file is named before any configuration is simulated
@@ -365,7 +386,7 @@ def run_batch(args: argparse.Namespace) -> int:
     out_rows = []
     async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
-    tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us")
+    tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us", MAX_TOKENIZE_US)
     rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
     utilization = _utilization(args.gpu_memory_utilization)  # every row's
     t0 = time.perf_counter()

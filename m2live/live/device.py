@@ -17,6 +17,7 @@ from typing import Any
 from ..config import M2liveConfig
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
+from ..limits import digits
 from ..predictor import Predictor, has_power_model
 from ..quantization import WeightFormat, kv_cache_bytes, kv_cache_dtype_of
 from ..shapes import ModelShape, get_model
@@ -74,7 +75,7 @@ def local_gpu_index(info: EngineInfo) -> int:
     without it, local data-parallel engine i drives GPUs i*tp .. i*tp+tp-1."""
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     first = cvd.split(",")[0].strip() if cvd else ""
-    if first.isdigit():
+    if digits(first):
         return int(first)
     return max(0, info.local_rank) * max(1, info.tp)
 
