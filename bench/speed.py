@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import random
 import statistics
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from m2live import Predictor, Step  # noqa: E402
+from m2live.cpu_device import _cpuinfo  # noqa: E402
 
 
 def timeit(fn, n: int) -> dict[str, float]:
@@ -49,6 +51,7 @@ def main() -> int:
     res = {
         "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", Python {platform.python_version()}",
+        "cpu": f"{_cpuinfo()[0]}, {os.cpu_count()} logical CPUs",
         "gpu": p.gpu.name, "model": p.model.name,
         "predict_full_breakdown_mixed_2048+64": timeit(lambda: p.predict(mixed, f_clk=0.85), args.n),
         "predict_full_breakdown_decode_256": timeit(lambda: p.predict(decode, f_clk=0.85), args.n),
