@@ -99,24 +99,33 @@ def _unmodelled(what: str) -> WeightFormat:
 
 # the spellings of the two precisions a command or a batch file may use (torch's dtype names, vLLM's fp8 format
 # and scheme)
-PRECISION_SPELLINGS = {"bfloat16": "bf16", "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
+# fp16 weights (vLLM's --dtype float16) are priced as bf16: the same two bytes a weight and, on every GPU in the
+# catalog, the same dense tensor rate with fp32 accumulation (GpuSpec.fp16_tflops == bf16_tflops)
+PRECISION_SPELLINGS = {"bfloat16": "bf16", "fp16": "bf16", "float16": "bf16", "half": "bf16", "float8": "fp8",
+                       "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
+DYNAMIC_FP8_SPELLINGS = frozenset({"fp8-dynamic", "fp8_dynamic"})  # fp8 with per-step input scales
 
 
 def precision_of(text: str) -> str:
-    """bf16 or fp8 from one of their spellings; ValueError for anything else."""
-    p = PRECISION_SPELLINGS.get(str(text).strip().lower(), str(text).strip().lower())
+    """bf16 or fp8 from one of their spellings (fp16 is priced as bf16); ValueError for anything else."""
+    s = str(text).strip().lower()
+    p = "fp8" if s in DYNAMIC_FP8_SPELLINGS else PRECISION_SPELLINGS.get(s, s)
     if p not in ("bf16", "fp8"):
-        raise ValueError(f"precision must be bf16 or fp8, got {p!r}")
+        raise ValueError(f"precision must be bf16 or fp8 (or fp16, priced as bf16; fp8-dynamic), got {s!r:.40}")
     return p
 
 
 def weights_for(precision: str | None, model: object, what: str = "--precision") -> WeightFormat:
     """The weights a command prices: ``precision`` when given (fp8 with static input scales, the checkpoints'
     usual), else what the model says of itself (``model_weights``)."""
-    if precision is None or not str(precision).strip():
+    if precision is None or not str(precision).strip() or str(precision).strip().lower() == "auto":
         return model_weights(model)
     p = precision_of(precision)
-    return WeightFormat(p, "static", f"{what} {p}")
+    s = str(precision).strip().lower()
+    if s in DYNAMIC_FP8_SPELLINGS:
+        return WeightFormat(p, "dynamic", f"{what} fp8-dynamic")
+    half = " (fp16, priced as bf16)" if s in ("fp16", "float16", "half") else ""
+    return WeightFormat(p, "static", f"{what} {p}{half}")
 
 
 # the quant_method vLLM 0.32 gives a ModelOpt export by its algorithm (model_arch_config_convertor)

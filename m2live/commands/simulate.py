@@ -454,7 +454,9 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
     cell = row.get("precision")
-    precision = None if cell is None or not str(cell).strip() else precision_of(cell)  # None: the model's
+    precision = None if cell is None or str(cell).strip().lower() in ("", "auto") else str(cell).strip()  # None: the
+    if precision is not None:  # model's; else checked here, kept as written (weights_for reads fp8-dynamic's scales)
+        precision_of(precision)
     if not _is_cpu(row["gpu"]):
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
