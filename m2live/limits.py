@@ -91,6 +91,11 @@ TP = Bound("GPUs", 1, 1024, integer=True)  # tensor-parallel size
 CLOCK_MHZ = Bound("MHz", 1.0, 10_000.0)  # SM / core clock; GPUs boost below 3 GHz, CPUs below 6.5 GHz
 RATE_RPS = Bound("requests/s", 1e-6, 1e6)  # arrival rate of a workload
 
+# --- serving simulation priors a user may set (m2live simulate) --------------------------------------------------
+FRONTEND_MS = Bound("ms", 0.0, 60_000.0)  # client <-> engine path, each way: a minute at most
+TOKENIZE_US = Bound("us", 0.0, 10_000.0)  # the API server's tokenising, per prompt token
+KV_CACHE_GIB = Bound("GiB", 0.0, 1_048_576.0)  # a KV cache of at most 1 PiB (a GPU's memory caps it further)
+
 # --- the live plugin (M2LIVE_*, MQTT control) -----------------------------------------------------------------
 SLO_MS = Bound("ms", 1.0, 600_000.0)  # per-step latency SLO: 1 ms .. 10 minutes
 SLO_MARGIN = Bound("", 0.0, 0.95)  # fraction of the SLO kept free

@@ -115,13 +115,23 @@ def precision_of(text: str) -> str:
     return p
 
 
+def precision_given(text: object) -> str | None:
+    """A precision as written (a flag, a batch cell), checked (``precision_of``); None where blank or "auto": the
+    checkpoint's own."""
+    s = "" if text is None else str(text).strip()
+    if not s or s.lower() == "auto":
+        return None
+    precision_of(s)
+    return s
+
+
 def weights_for(precision: str | None, model: object, what: str = "--precision") -> WeightFormat:
     """The weights a command prices: ``precision`` when given (fp8 with static input scales, the checkpoints'
     usual), else what the model says of itself (``model_weights``)."""
-    if precision is None or not str(precision).strip() or str(precision).strip().lower() == "auto":
+    given = precision_given(precision)
+    if given is None:
         return model_weights(model)
-    p = precision_of(precision)
-    s = str(precision).strip().lower()
+    p, s = precision_of(given), given.lower()
     if s in DYNAMIC_FP8_SPELLINGS:
         return WeightFormat(p, "dynamic", f"{what} fp8-dynamic")
     half = " (fp16, priced as bf16)" if s in ("fp16", "float16", "half") else ""

@@ -41,13 +41,6 @@ def parse_prices(text: str | None) -> dict[str, float]:
     return out
 
 
-def pos_int(text: str, flag: str) -> int:
-    s = str(text).strip()
-    if not digits(s) or int(s) < 1:
-        raise PlanError(f"{flag} must be a positive integer, got {text!r}")
-    return int(s)
-
-
 def nonneg_int(text: str, flag: str) -> int:
     s = str(text).strip()
     if not digits(s):
@@ -97,10 +90,9 @@ def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:
     w = weights_for(args.precision, args.model)
     return PlanConfig(slo_s=parse_slo(args.slo_ms),
                       max_num_seqs=None if args.max_seqs is None
-                      else int(STEP_SEQS.parse(pos_int(args.max_seqs, "--max-seqs"), "--max-seqs", PlanError)),
+                      else int(STEP_SEQS.parse(args.max_seqs, "--max-seqs", PlanError)),
                       max_batched_tokens=None if args.max_batched_tokens is None
-                      else int(STEP_TOKENS.parse(pos_int(args.max_batched_tokens, "--max-batched-tokens"),
-                                                 "--max-batched-tokens", PlanError)),
+                      else int(STEP_TOKENS.parse(args.max_batched_tokens, "--max-batched-tokens", PlanError)),
                       clock=args.clock, prices=parse_prices(args.price), rank_by=args.rank_by,
                       constants=calibrated_constants(args.calibration, gpus), precision=w.precision,
                       act_scale=w.act_scale, kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],

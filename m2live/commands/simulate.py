@@ -52,9 +52,9 @@ from rich.table import Table
 from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GIB, GpuSpec, get_gpu
-from ..limits import RATE_RPS, digits
+from ..limits import FRONTEND_MS, KV_CACHE_GIB, RATE_RPS, TOKENIZE_US, digits
 from ..predictor import Predictor
-from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_of, weights_for
+from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_given, weights_for
 from ..serving_config import SWITCH_CHOICES, parse_switch, server_settings
 from ..shapes import get_model
 from ..simulate import (
@@ -171,28 +171,9 @@ def _device(name: str, model: str, tp: int = 1) -> tuple[GpuSpec, ArchConstants 
         from ..cpu_device import cpu_device, device_constants, vllm_cpu_threads
 
         shape, threads = get_model(model), vllm_cpu_threads(tp)
+        shape.sharded(tp)  # a TP the heads refuse: said before the device is measured (which imports torch)
         return cpu_device(model=shape, threads=threads), device_constants(shape, threads=threads)
     return get_gpu(str(name).strip()), None
-
-
-# The host priors a user may set: a client-engine path of at most a minute each way, tokenising at most 10 ms a
-# token; a KV cache of at most 1 PiB (a GPU's own memory caps it further in run_one; the CPU device's is the host's)
-MAX_FRONTEND_MS = 60_000.0
-MAX_TOKENIZE_US = 10_000.0
-MAX_KV_GIB = 1_048_576.0
-
-
-def _nonneg_float(text: object, what: str, hi: float = math.inf) -> float:
-    """A number from 0 to ``hi`` from a flag, else one line naming ``what``."""
-    try:
-        v = float(str(text))
-    except ValueError:
-        raise SimulationError(f"{what} must be a number, got {text!r}") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise SimulationError(f"{what} must be >= 0, got {text!r}")
-    if v > hi:
-        raise SimulationError(f"{what} must be at most {hi:g}, got {text!r}")
-    return v
 
 
 def _opt_float(text: object, what: str, ok: Callable[[float], bool], want: str) -> float | None:
@@ -231,7 +212,6 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
             max_model_len: int | None = None, vllm_version: VllmRelease | None = None) -> ServingResult:
     weights = weights_for(precision, model)
-    get_model(model).sharded(tp)  # a TP the heads refuse: said before the CPU device is measured (it imports torch)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
     if calibration:
@@ -290,12 +270,12 @@ def run(args: argparse.Namespace) -> int:
                 _pos_int(args.osl, "--osl"), _pos_int(args.concurrency, "--concurrency"), args.precision,
                 _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
-                None if args.kv_cache_gib is None else _nonneg_float(args.kv_cache_gib, "--kv-cache-gib", MAX_KV_GIB),
-                None if args.frontend_ms is None else _nonneg_float(args.frontend_ms, "--frontend-ms", MAX_FRONTEND_MS),
+                None if args.kv_cache_gib is None else KV_CACHE_GIB.parse(args.kv_cache_gib, "--kv-cache-gib", SimulationError),
+                None if args.frontend_ms is None else FRONTEND_MS.parse(args.frontend_ms, "--frontend-ms", SimulationError),
                 args.clock, args.calibration, args.test_run,
                 parse_switch(args.async_scheduling, "--async-scheduling"),
                 parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
-                None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us", MAX_TOKENIZE_US),
+                None if args.tokenize_us is None else TOKENIZE_US.parse(args.tokenize_us, "--tokenize-us", SimulationError),
                 _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
                 gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
                 num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
@@ -386,7 +366,7 @@ def run_batch(args: argparse.Namespace) -> int:
     out_rows = []
     async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
     fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
-    tokenize_us = None if args.tokenize_us is None else _nonneg_float(args.tokenize_us, "--tokenize-us", MAX_TOKENIZE_US)
+    tokenize_us = None if args.tokenize_us is None else TOKENIZE_US.parse(args.tokenize_us, "--tokenize-us", SimulationError)
     rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
     utilization = _utilization(args.gpu_memory_utilization)  # every row's
     t0 = time.perf_counter()
@@ -453,10 +433,7 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
-    cell = row.get("precision")
-    precision = None if cell is None or str(cell).strip().lower() in ("", "auto") else str(cell).strip()  # None: the
-    if precision is not None:  # model's; else checked here, kept as written (weights_for reads fp8-dynamic's scales)
-        precision_of(precision)
+    precision = precision_given(row.get("precision"))  # None: the model's; kept as written (fp8-dynamic's scales)
     if not _is_cpu(row["gpu"]):
         get_gpu(str(row["gpu"]).strip())
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
