@@ -24,6 +24,7 @@ from .calibration_params import (
     CalibrationError,
     Row,
     carry_to_fp8,
+    in_plausible_range,
     plausible_range,
     row_kind,
 )
@@ -146,7 +147,7 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
         lo, hi = plausible_range(n)
         for label, x in (("fitted", val), ("prior", prior)):
-            if not (math.isfinite(x) and x <= hi and (x > lo or (n in LINEAR and x >= lo))):
+            if not in_plausible_range(n, x):
                 raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
                                        f"gives ({lo:g} to {hi:g})")
         if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)

@@ -119,7 +119,8 @@ TIME_LIKE = frozenset({"item_cost", "block_cost", "q_row"})
 
 
 def plausible_range(name: str) -> tuple[float, float]:
-    """(lo, hi) that any value of the constant ``name`` lies in (lo excluded unless the constant is LINEAR)."""
+    """(lo, hi) that any value of the constant ``name`` lies in: the fit's own BOUNDS, which it clips to, both
+    ends included; else (0, hi], 0 included only for a LINEAR constant (``in_plausible_range``)."""
     if name in BOUNDS:
         return BOUNDS[name]
     if name.startswith("t_") or name in TIME_LIKE:
@@ -129,6 +130,14 @@ def plausible_range(name: str) -> tuple[float, float]:
     if name.endswith("_per_clk"):
         return 0.0, 1e4
     return 0.0, 1e6
+
+
+def in_plausible_range(name: str, x: float) -> bool:
+    """Whether ``x`` is a value of ``name`` that some fit could give (see ``plausible_range``)."""
+    lo, hi = plausible_range(name)
+    if not (math.isfinite(x) and x <= hi):
+        return False
+    return x >= lo if (lo > 0 or name in LINEAR) else x > lo
 
 
 # Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.

@@ -412,3 +412,28 @@ def test_report_over_a_trace_shorter_than_the_warmup_says_so(tmp_path, capsys):
     assert main(["report", str(trace), "-o", str(tmp_path / "r.png"), "--warmup", "1000"]) == 0
     out = capsys.readouterr().out
     assert "over every measured step (none after the 1000-step warm-up)" in out and "after warm-up:" not in out
+
+
+def test_a_fit_on_a_bound_of_its_range_is_a_loadable_calibration(tmp_path):
+    """The fit clips every constant with BOUNDS to them, both ends included, so a constant fitted onto an end (the
+    decode items' overlap at 1.0, the tensor ceiling at 1.3 — what `probe --calibrate --dry-run`'s CPU rows can give)
+    is a file `load` accepts; one step past either end is still refused."""
+    from m2live.calibration_file import Calibration, load
+    from m2live.calibration_params import BOUNDS, CalibrationError
+    from m2live.efficiency import constants_for
+    from m2live.hardware import get_gpu
+
+    gpu = get_gpu("h100-sxm")
+    prior = constants_for(gpu)
+    path = tmp_path / "cal.json"
+    for name, (lo, hi) in BOUNDS.items():
+        for value, ok in ((lo, True), (hi, True), (hi * 1.01, False), (lo * 0.99 if lo > 0 else -1e-9, False)):
+            doc = Calibration(gpu.name, gpu.kernel_family, {name: {"prior": float(getattr(prior, name)),
+                                                                   "fitted": value}},
+                              {}, {}, "", "", {}, None, {}).to_json()
+            path.write_text(json.dumps(doc))
+            if ok:
+                assert load(path).constants[name]["fitted"] == value, (name, value)
+            else:
+                with pytest.raises(CalibrationError):
+                    load(path)
