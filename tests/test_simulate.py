@@ -5,6 +5,8 @@ cache costs TTFT instead of failing, bad input exits 2)."""
 from __future__ import annotations
 
 import csv
+import io
+import json
 import random
 from dataclasses import replace
 
@@ -958,3 +960,30 @@ def test_batch_precision_cells_take_the_usual_spellings(tmp_path, capsys):
     rc, _ = _batch(tmp_path, f"{L8},h100-sxm,1,1024,64,4,int4\n")
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and ":2:" in err[0] and "precision must be bf16 or fp8" in err[0], err
+
+
+def test_batch_rows_take_the_flags_no_column_names(tmp_path, capsys):
+    """--frontend-ms, --num-prompts and --kv-cache-gib hold for every batch row, and --precision,
+    --max-num-batched-tokens and --max-num-seqs for the rows whose cells are blank: each row comes out as the same
+    configuration run alone with those flags (they were silently dropped with --batch before 2026-12-06)."""
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,max_num_seqs\n"
+                   f"{L8},h100-sxm,1,1024,64,16,,\n{L8},h100-sxm,1,1024,64,16,fp8,16\n")
+    flags = ["--precision", "fp8", "--frontend-ms", "4", "--num-prompts", "40", "--kv-cache-gib", "2",
+             "--max-num-seqs", "4", "--max-num-batched-tokens", "1024"]
+    assert main(["simulate", "--batch", str(src), *flags]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    alone = []
+    for seqs in ("4", "16"):
+        assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "64",
+                     "--concurrency", "16", "--json", *flags[:-4], "--max-num-seqs", seqs,
+                     "--max-num-batched-tokens", "1024"]) == 0
+        alone.append(json.loads(capsys.readouterr().out))
+    for row, one in zip(rows, alone, strict=True):
+        assert float(row["ttft_ms"]) == pytest.approx(one["ttft_ms"], rel=1e-4)
+        assert float(row["tpot_ms"]) == pytest.approx(one["tpot_ms"], rel=1e-4)
+    assert main(["simulate", "--batch", str(src)]) == 0  # the same file without the flags
+    plain = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    for row, base in zip(rows, plain, strict=True):  # the flags acted on every row
+        assert abs(float(row["ttft_ms"]) / float(base["ttft_ms"]) - 1) > 0.05, (row, base)
+    assert alone[0]["assumptions"]["num_prompts"] == 40 and alone[0]["tpot_ms"] < alone[1]["tpot_ms"]

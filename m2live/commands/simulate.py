@@ -4,7 +4,8 @@
                   [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N]
                   [--kv-cache-gib G | --num-gpu-blocks-override K]
                   [--calibration CAL.json] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
-  m2live simulate --batch FILE.csv -o OUT.csv
+  m2live simulate --batch FILE.csv -o OUT.csv [any flag above but the configuration's own (model, GPU, TP,
+                  lengths, concurrency): it holds for every row whose cell for it is blank or absent]
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
@@ -382,12 +383,24 @@ def run_batch(args: argparse.Namespace) -> int:
     caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
     len_flag = _opt_int(args.max_model_len, "--max-model-len")
     release_flag = release_arg(args.vllm_version)
+    # the flags no column names hold for every row, and the budget flags for the rows whose cells are blank
+    tokens_flag = _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens")
+    seqs_flag = _opt_int(args.max_num_seqs, "--max-num-seqs")
+    prompts_flag = _opt_int(args.num_prompts, "--num-prompts")
+    kv_gib = None if args.kv_cache_gib is None else KV_CACHE_GIB.parse(args.kv_cache_gib, "--kv-cache-gib",
+                                                                          SimulationError)
+    frontend_ms = None if args.frontend_ms is None else FRONTEND_MS.parse(args.frontend_ms, "--frontend-ms",
+                                                                             SimulationError)
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
                             caching_cell, len_cell, release_cell))) in enumerate(zip(rows, parsed, strict=True),
                                                                                  start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
-            r = run_one(*fields_, max_tokens, max_seqs, clock=args.clock, calibration=args.calibration,
+            if fields_[6] is None and args.precision:  # a blank precision cell: --precision, else the checkpoint's
+                fields_ = (*fields_[:6], args.precision)
+            r = run_one(*fields_, tokens_flag if max_tokens is None else max_tokens,
+                        seqs_flag if max_seqs is None else max_seqs, num_prompts=prompts_flag, kv_gib=kv_gib,
+                        frontend_ms=frontend_ms, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,
                         allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
