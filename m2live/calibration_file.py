@@ -213,6 +213,8 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
             continue
         n_kind: dict[str, int] = {}
         for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, meas, strict=True), start=2):
+            if math.isnan(ms):  # a planned shape the table holds but did not measure: not given
+                continue
             dev = (row.get("device") or "").strip()
             if dev:
                 try:
@@ -236,6 +238,10 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
                                        f"num_key_value_heads {cells['num_key_value_heads']}")
             rows.append(Row(k, cells, ms))
             n_kind[k] = n_kind.get(k, 0) + 1
+        if not n_kind:  # every row unmeasured: as a header only
+            if sparse is None:
+                raise CalibrationError(f"{p}: no measured rows (every latency_ms blank or NaN)")
+            sparse[row_kind(t.kinds[0], t.dtype)] = 0
         for k, n in n_kind.items():
             if n < MIN_ROWS:
                 if sparse is None:
@@ -259,7 +265,7 @@ def rows_from_tables(paths: Iterable[str | os.PathLike], region: bool = True,
         if meas is None:
             raise CalibrationError(f"{p}: no latency_ms column")
         for kind, row, ms in zip(t.kinds, t.rows, meas, strict=True):
-            if region and not in_core_region(kind, row):
+            if math.isnan(ms) or (region and not in_core_region(kind, row)):
                 continue
             k = row_kind(kind, t.dtype)
             if keep is None or keep(k, row):

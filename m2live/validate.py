@@ -203,18 +203,27 @@ class RowPredictor:
                 for i, (kind, row) in enumerate(zip(table.kinds, table.rows, strict=True), start=2)]
 
 
+UNMEASURED = ("", "nan")  # latency_ms cells (lower-cased) of a shape not measured
+
 # A measured operator latency outside this (one nanosecond to ~3 hours) is a broken cell, not a measurement
 LATENCY_MS_RANGE = (1e-6, 1e7)
 
 
 def measured(table: Table) -> list[float] | None:
+    """Each row's latency_ms; NaN for a shape the table holds but did not measure (a blank cell or NaN: what a
+    collector writes for a shape that failed, and pandas for a missing value), which every score leaves out. A cell
+    that is no number, or no latency (not positive, outside LATENCY_MS_RANGE), is an error. None: no column."""
     if "latency_ms" not in table.header:
         return None
     out = []
     lo, hi = LATENCY_MS_RANGE
     for i, r in enumerate(table.rows, start=2):
         where = f"{table.path}:{i}: column 'latency_ms'"
-        v = positive_float((r.get("latency_ms") or "").strip(), where, TableError)
+        raw = (r.get("latency_ms") or "").strip()
+        if raw.lower() in UNMEASURED:
+            out.append(math.nan)
+            continue
+        v = positive_float(raw, where, TableError)
         if not lo <= v <= hi:
             raise TableError(f"{where}: {v:g} ms is outside any measured operator ({lo:g} to {hi:g} ms)")
         out.append(v)
@@ -264,19 +273,24 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
             raise TableError(f"{path}: no latency_ms column to validate against")
         if not table.rows:
             raise TableError(f"{path}: no rows to validate against (a header only)")
+        if all(math.isnan(m) for m in meas):
+            raise TableError(f"{path}: no measured rows to validate against (every latency_ms blank or NaN)")
         pred = rp.predict_table(table)
         groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        unmeasured: dict[tuple[str, str], int] = {}
         for kind, row, p, m in zip(table.kinds, table.rows, pred, meas, strict=True):
-            groups.setdefault((kind, "all"), []).append((p, m))
-            if in_core_region(kind, row):
-                groups.setdefault((kind, "core"), []).append((p, m))
+            for key in ((kind, "all"), (kind, "core")) if in_core_region(kind, row) else ((kind, "all"),):
+                if math.isnan(m):  # a shape the table did not measure: left out, counted
+                    unmeasured[key] = unmeasured.get(key, 0) + 1
+                else:
+                    groups.setdefault(key, []).append((p, m))
         device = gpu or (table.rows[0].get("device", "") if table.rows else "")
         for (kind, region), pm in sorted(groups.items()):
             ps, ms = zip(*pm, strict=True)
             apes = sorted(abs(p - m) / m * 100 for p, m in pm)
             results.append({
                 "file": str(path), "gpu": device, "kind": kind, "dtype": table.dtype, "region": region,
-                "rows": len(pm),
+                "rows": len(pm), "unmeasured": unmeasured.get((kind, region), 0),
                 "mape": mape(ps, ms), "median_ape": apes[len(apes) // 2],
                 "bias": 100.0 * sum((p - m) / m for p, m in pm) / len(pm),
             })

@@ -711,3 +711,24 @@ def test_a_siblings_planned_rows_fit_into_a_calibration_that_loads_and_predicts(
     assert c.gpu == sibling and c.constants
     p = run("validate", str(folder_in), "--calibration", str(out), "--json")
     assert p.returncode == 0, p.stderr
+
+
+def test_planned_rows_left_unmeasured_are_not_given(tmp_path):
+    """A measured plan whose table holds some shapes with a blank or NaN latency_ms (shapes that failed) is fitted
+    on the rest, as if those rows were absent; a kind all of whose rows are unmeasured stays at its prior."""
+    folder = tmp_path / "measured"
+    folder.mkdir()
+    for k in BF16_KINDS:
+        table = cal.read_table(OPBENCH / "h100_sxm" / cal.FILES[k])
+        want = {cal.shape_key(k, p) for p in cal.plan(H100, k)}
+        keep = [r for r in table.rows if cal.shape_key(k, r) in want]
+        blank = {"gemm": {0: "", 1: "NaN"}, "decode": dict.fromkeys(range(len(keep)), "")}.get(k, {})
+        with open(folder / cal.FILES[k], "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(keep[0]))
+            w.writeheader()
+            w.writerows({**r, "latency_ms": blank.get(i, r["latency_ms"])} for i, r in enumerate(keep))
+    rows = cal.read_rows(folder, get_gpu(H100), sparse := {})
+    assert sum(r.kind == "gemm" for r in rows) == cal.DEFAULT_BUDGET["gemm"] - 2
+    assert sparse == {"decode": 0} and not any(r.kind == "decode" for r in rows)
+    with pytest.raises(cal.CalibrationError, match="no measured rows"):
+        cal.read_rows(folder, get_gpu(H100))

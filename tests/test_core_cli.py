@@ -95,6 +95,38 @@ def test_validate_cli_reports_every_gpu_and_kind():
             assert (gpu, kind) in kinds
 
 
+def test_validate_leaves_out_rows_a_table_did_not_measure(tmp_path):
+    """A blank or NaN latency_ms is a shape the collector did not measure (a failed shape; pandas writes a missing
+    value so): scored without it, counted and said on stderr; a table with no measured row at all is the one-line
+    error. A cell that is no latency (0, text) is still an error."""
+    src = OPBENCH / "h100_sxm" / "gemm_bf16.csv"
+    with open(src, newline="") as f:
+        rows = [r for _, r in zip(range(40), csv.DictReader(f), strict=False)]
+    table = tmp_path / "gemm_bf16.csv"
+
+    def write(cells: dict[int, str]) -> None:
+        with open(table, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows({**r, "latency_ms": cells.get(i, r["latency_ms"])} for i, r in enumerate(rows))
+
+    write({})
+    full = json.loads(run("validate", str(table), "--json").stdout)
+    write({3: "", 7: "NaN", 11: "nan"})
+    p = run("validate", str(table), "--json")
+    assert p.returncode == 0, p.stderr
+    part = json.loads(p.stdout)
+    every = next(r for r in part if r["region"] == "all")
+    assert every["rows"] == 37 and every["unmeasured"] == 3
+    assert "3 gemm rows without a measurement" in p.stderr
+    assert every["mape"] != next(r for r in full if r["region"] == "all")["mape"]
+    write({i: "" for i in range(len(rows))})
+    assert "no measured rows" in one_line_error(run("validate", str(table)))
+    for bad in ("0", "fast"):
+        write({5: bad})
+        assert ":7: column 'latency_ms'" in one_line_error(run("validate", str(table)))
+
+
 # Accuracy floors on the calibration tables, one row per calibration GPU: they fail when the model regresses.
 # (The headline figures are benchmarks: `make bench` → results/accuracy.json.) Each row is (MAPE %, |bias| %)
 # for the core region, about 1.5 points above the figures of record (GEMM 5.4 / 5.4 / 5.9 % since the B300's GEMM

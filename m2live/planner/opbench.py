@@ -41,6 +41,8 @@ def _gemm_cells(path: Path, table: Table) -> list[tuple[str, tuple[int, int, int
     names: dict[str, str] = {}
     out = []
     for i, (row, ms) in enumerate(zip(table.rows, meas, strict=True), start=2):
+        if math.isnan(ms):  # a shape the table holds but did not measure
+            continue
         raw = (row.get("device") or "").strip()
         name = names.get(raw)
         if name is None:
