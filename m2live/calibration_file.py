@@ -20,6 +20,7 @@ from .calibration_params import (
     FILES,
     FP8_CALIBRATED,
     LINEAR,
+    PLAUSIBLE_RTOL,
     SHAPE_COLS,
     CalibrationError,
     Row,
@@ -147,9 +148,11 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
         lo, hi = plausible_range(n)
         for label, x in (("fitted", val), ("prior", prior)):
-            if not in_plausible_range(n, x):
+            if not in_plausible_range(n, x, prior if label == "fitted" else None):
                 raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
                                        f"gives ({lo:g} to {hi:g})")
+        if n in SOFT_MAXIMA and 1.0 - PLAUSIBLE_RTOL <= val < 1.0:  # a rounding step under 1: 1
+            val = 1.0
         if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
             raise CalibrationError(f"{where}: {what} {n!r} is the exponent of a soft maximum: at least 1, "
                                    f"not {v['fitted']!r}")

@@ -132,12 +132,18 @@ def plausible_range(name: str) -> tuple[float, float]:
     return 0.0, 1e6
 
 
-def in_plausible_range(name: str, x: float) -> bool:
-    """Whether ``x`` is a value of ``name`` that some fit could give (see ``plausible_range``)."""
+PLAUSIBLE_RTOL = 1e-9  # a value this close to an end of its range is on it (a file written by an older fit)
+
+
+def in_plausible_range(name: str, x: float, prior: float | None = None) -> bool:
+    """Whether ``x`` is a value of ``name`` that some fit could give (see ``plausible_range``): the fit widens a
+    constant's bounds to take in its ``prior``, and so does this."""
     lo, hi = plausible_range(name)
-    if not (math.isfinite(x) and x <= hi):
+    if prior is not None and math.isfinite(prior):
+        lo, hi = min(lo, prior), max(hi, prior)
+    if not (math.isfinite(x) and x <= hi * (1 + PLAUSIBLE_RTOL)):
         return False
-    return x >= lo if (lo > 0 or name in LINEAR) else x > lo
+    return x >= lo * (1 - PLAUSIBLE_RTOL) if (lo > 0 or name in LINEAR) else x > lo
 
 
 # Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.
@@ -188,9 +194,11 @@ class Params:
         # numeric-derivative steps: 0.002 in log units, 1/250 of a prior deviation for LINEAR constants
         self.step = np.array([SIGMA.get(n, SIGMA_DEFAULT) / 250 if n in LINEAR else 2e-3 for n in names])
         lo, hi = [], []
+        self.bounds = []  # (lo, hi) of each constant in its own units: a value out of exp() lands inside them
         for n, v in zip(names, p, strict=True):
             a, b = BOUNDS.get(n, (v * BOUNDS_REL[0], v * BOUNDS_REL[1]))
             a, b = min(a, v), max(b, v)  # the prior is always inside its bounds
+            self.bounds.append((a, b))
             if n in LINEAR:
                 lo.append(a)
                 hi.append(b)
@@ -203,7 +211,10 @@ class Params:
         return np.minimum(np.maximum(x, self.lo), self.hi)
 
     def values(self, x: np.ndarray) -> dict[str, float]:
-        return {n: float(v if n in LINEAR else math.exp(v)) for n, v in zip(self.names, x, strict=True)}
+        # exp(log(b)) can come out a rounding step past b: clamped, so a constant fitted onto a bound is the bound
+        # (a calibration file refuses what no fit gives: in_plausible_range)
+        return {n: min(max(float(v if n in LINEAR else math.exp(v)), a), b)
+                for n, v, (a, b) in zip(self.names, x, self.bounds, strict=True)}
 
     def constants(self, x: np.ndarray, base: ArchConstants | None = None) -> ArchConstants:
         return replace(base or self.prior, **self.values(x))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -416,8 +417,9 @@ def test_report_over_a_trace_shorter_than_the_warmup_says_so(tmp_path, capsys):
 
 def test_a_fit_on_a_bound_of_its_range_is_a_loadable_calibration(tmp_path):
     """The fit clips every constant with BOUNDS to them, both ends included, so a constant fitted onto an end (the
-    decode items' overlap at 1.0, the tensor ceiling at 1.3 — what `probe --calibrate --dry-run`'s CPU rows can give)
-    is a file `load` accepts; one step past either end is still refused."""
+    decode items' overlap at 1.0, the tensor ceiling at 1.3 — what `probe --calibrate --dry-run`'s CPU rows can give),
+    or a rounding step past it (0.9999999999999999, an older fit's exp(log(1.0))), is a file `load` accepts; 1 %
+    past either end is still refused. The fit itself now lands on the bound exactly."""
     from m2live.calibration_file import Calibration, load
     from m2live.calibration_params import BOUNDS, CalibrationError
     from m2live.efficiency import constants_for
@@ -427,13 +429,29 @@ def test_a_fit_on_a_bound_of_its_range_is_a_loadable_calibration(tmp_path):
     prior = constants_for(gpu)
     path = tmp_path / "cal.json"
     for name, (lo, hi) in BOUNDS.items():
-        for value, ok in ((lo, True), (hi, True), (hi * 1.01, False), (lo * 0.99 if lo > 0 else -1e-9, False)):
+        near = (math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf))  # what exp(log(bound)) can give
+        for value, ok in ((lo, True), (hi, True), (near[0], lo > 0), (near[1], True), (hi * 1.01, False),
+                          (lo * 0.99 if lo > 0 else -1e-9, False)):
             doc = Calibration(gpu.name, gpu.kernel_family, {name: {"prior": float(getattr(prior, name)),
                                                                    "fitted": value}},
                               {}, {}, "", "", {}, None, {}).to_json()
             path.write_text(json.dumps(doc))
             if ok:
-                assert load(path).constants[name]["fitted"] == value, (name, value)
+                assert load(path).constants[name]["fitted"] == pytest.approx(value, rel=1e-12), (name, value)
             else:
                 with pytest.raises(CalibrationError):
                     load(path)
+
+
+def test_the_fit_puts_a_constant_on_its_bound_never_a_rounding_step_past_it():
+    from m2live.calibration_params import ALL_CALIBRATED, Params
+    from m2live.efficiency import constants_for
+    from m2live.hardware import get_gpu
+
+    prior = constants_for(get_gpu("h100-sxm"))
+    names = [n for n in ALL_CALIBRATED if float(getattr(prior, n, 0.0) or 0.0) > 0]
+    par = Params(names, prior)
+    for x in (par.lo, par.hi, par.lo - 1.0, par.hi + 1.0):  # the fit's steps are clipped, then exponentiated
+        vals = par.values(par.clip(x))
+        for (n, v), (a, b) in zip(vals.items(), par.bounds, strict=True):
+            assert a <= v <= b, (n, v, a, b)
