@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -732,3 +733,12 @@ def test_planned_rows_left_unmeasured_are_not_given(tmp_path):
     assert sparse == {"decode": 0} and not any(r.kind == "decode" for r in rows)
     with pytest.raises(cal.CalibrationError, match="no measured rows"):
         cal.read_rows(folder, get_gpu(H100))
+
+
+def test_probe_calibrate_takes_its_time_limit(tmp_path):
+    """--time-limit caps the plan's measurement (it was read by the probe's sweep only): no shape is started
+    after it, so 0.01 s measures at most the first GEMM, and the rows are then too few to fit (one line, exit 2)."""
+    p = run("probe", "--calibrate", "--dry-run", "--time-limit", "0.01", "--out", str(tmp_path / "cal"))
+    got = re.search(r"gemm: (\d+) of 32 planned shapes measured", p.stdout)
+    assert got and int(got.group(1)) <= 1, p.stdout
+    one_line_error(p)

@@ -160,6 +160,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "M2LIVE_RESIDUAL_WINDOW=1e9": (["config", "check"], {"M2LIVE_RESIDUAL_WINDOW": "1e9"}),
         "M2LIVE_SLO_MS=1e-9": (["config", "check"], {"M2LIVE_SLO_MS": "1e-9"}),
         "misspelt M2LIVE_SLO_MSS": (["config", "check"], {"M2LIVE_SLO_MSS": "40"}),
+        # a flag that would be accepted and then not read (found by an audit, 2026-12-06): refused instead
+        "batch with --tp": (["simulate", "--batch", str(batch_header), "--tp", "2"], {}),
+        "batch with --json": (["simulate", "--batch", str(batch_header), "--json"], {}),
+        "rank --validate with --gpus": (["rank", "--validate", str(OPBENCH / "h100_sxm"), "--gpus", "h100-sxm"], {}),
+        "rank --validate with --calibration": (["rank", "--validate", str(OPBENCH / "h100_sxm"), "--calibration",
+                                                str(tmp / "none.json")], {}),
+        "probe --calibrate --quick": (["probe", "--calibrate", "--quick", "--dry-run", "--out", str(tmp / "pq")], {}),
     }
 
 
@@ -172,7 +179,9 @@ CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", 
          "report negative prediction", "validate duplicate column", "ops extra cells", "calibrate latency 1e300",
          "batch header only", "simulate rate 1e-300", "simulate frontend 1e300", "simulate cache past memory",
          "simulate max-num-seqs 1e20", "rank max-seqs 1e20", "rank superscript digit", "M2LIVE_ADMISSION without SLO",
-         "M2LIVE_TRACE a directory", "M2LIVE_PROM_HOST not a host", "M2LIVE_MQTT_URL broken IPv6"]
+         "M2LIVE_TRACE a directory", "M2LIVE_PROM_HOST not a host", "M2LIVE_MQTT_URL broken IPv6",
+         "batch with --tp", "batch with --json", "rank --validate with --gpus", "rank --validate with --calibration",
+         "probe --calibrate --quick"]
 
 
 @pytest.mark.parametrize("case", CASES)

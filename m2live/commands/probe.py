@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="catalog GPU to predict for (default: the NVML name of the device measured)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="stop starting new cells after S seconds and write what was measured "
-                        "(default: 330 with --quick, none otherwise)")
+                        "(default: 330 with --quick, 110 with --calibrate, none otherwise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random cell order and weights")
     p.add_argument("--no-plot", action="store_true", help="write probe.json only")
     p.add_argument("--calibrate", action="store_true",
@@ -74,7 +74,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.calibrate:
         from ..probe.calibrate import run_calibrate
 
-        run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print, holdout_s=args.holdout)
+        if args.quick:
+            raise ProbeError("--quick is the clock-and-step sweep's; --calibrate measures the calibration plan "
+                             "(--time-limit caps it)")
+        run_calibrate(args.out, dry_run=args.dry_run, gpu=args.gpu, say=console.print, holdout_s=args.holdout,
+                      seed=args.seed, **({} if args.time_limit is None else {"time_limit_s": args.time_limit}))
         return 0
     if args.holdout:
         raise ProbeError("--holdout checks a calibration: give it with --calibrate")

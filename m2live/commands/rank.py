@@ -57,13 +57,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", metavar="CAL.json", help="one GPU's own constants (m2live calibrate fit); "
                                                           "that GPU must be among --gpus")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(ranking_defaults={d: p.get_default(d) for d in RANKING_ONLY})
+
+
+# what only a ranking reads: given with --validate (which scores the planner on measured tables), refused
+RANKING_ONLY = ("model", "workload", "gpus", "tp", "slo_ms", "price", "rank_by", "clock", "precision",
+                "kv_cache_dtype", "async_scheduling", "allreduce_fusion", "vllm_version", "max_seqs",
+                "max_batched_tokens", "top", "calibration")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        if args.model or args.workload:
-            raise PlanError("--validate scores the ranking on measured tables; do not combine it with "
-                            "--model/--workload")
+        given = [d for d in RANKING_ONLY if getattr(args, d) != args.ranking_defaults[d]]
+        if given:
+            raise PlanError(f"--validate scores the ranking on measured tables; --{given[0].replace('_', '-')} "
+                            "is a ranking's: drop it")
         return run_validate(args)
     if not args.model:
         raise PlanError("--model is required (a preset such as meta-llama/Llama-3.1-8B or a config.json path)")

@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = __doc__.split("\n\n", 1)[1].strip()
     p.add_argument("--model", help="preset name or path to config.json / model directory")
     p.add_argument("--gpu", help="NVML name or alias (e.g. h100-sxm), or 'cpu' for the CPU device")
-    p.add_argument("--tp", default="1", help="tensor-parallel size (default 1)")
+    p.add_argument("--tp", help="tensor-parallel size (default 1)")
     p.add_argument("--isl", help="input (prompt) tokens per request")
     p.add_argument("--osl", help="output tokens per request (ignore-EOS: exactly this many)")
     p.add_argument("--concurrency", help="requests in flight (the benchmark's --max-concurrency)")
@@ -258,16 +258,18 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
 
 def run(args: argparse.Namespace) -> int:
     if args.batch:
-        given = [f for f in ("model", "gpu", "isl", "osl", "concurrency") if getattr(args, f)]
+        given = [f for f in ("model", "gpu", "tp", "isl", "osl", "concurrency") if getattr(args, f) is not None]
         if given:
             raise SimulationError(f"--batch takes its configurations from the CSV; drop --{given[0]}")
+        if args.json:
+            raise SimulationError("--batch writes CSV (to -o, or stdout); --json is a single configuration's")
         return run_batch(args)
     if args.output:
         raise SimulationError("-o/--output goes with --batch")
     for f in ("model", "gpu", "isl", "osl", "concurrency"):
         if not getattr(args, f):
             raise SimulationError(f"--{f} is required (or --batch FILE.csv)")
-    r = run_one(args.model, args.gpu, _pos_int(args.tp, "--tp"), _pos_int(args.isl, "--isl"),
+    r = run_one(args.model, args.gpu, _pos_int("1" if args.tp is None else args.tp, "--tp"), _pos_int(args.isl, "--isl"),
                 _pos_int(args.osl, "--osl"), _pos_int(args.concurrency, "--concurrency"), args.precision,
                 _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
                 _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),

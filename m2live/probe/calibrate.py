@@ -360,7 +360,7 @@ def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration
 
 
 def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: str | None = None,
-                  say: Say = print, time_limit_s: float = 110.0, holdout_s: float = 0.0) -> dict:
+                  say: Say = print, time_limit_s: float = 110.0, holdout_s: float = 0.0, seed: int = 0) -> dict:
     """Measure the plan, write the tables and the calibration into ``out`` (and, for ``holdout_s`` seconds,
     shapes outside the plan to check it on); returns the summary, also written to ``out/summary.json``."""
     if not holdout_s >= 0 or not math.isfinite(holdout_s):
@@ -380,7 +380,7 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
                                      f"{WEIGHT_COPIES} weight copies in turn, {0 if dry_run else WARMUP} warm-up "
                                      f"replays, mean of {REPLAYS}"),
                      "measured": {}, "skipped": {}, "out_dir": str(out_dir)}
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     sampler, clock_what = _clock(torch, spec, dry_run, time_limit_s + holdout_s + 60.0)
     summary["clock"] = {"source": clock_what, "plan": {}, "holdout": {}}
     measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler, fp8)
