@@ -148,7 +148,7 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
         lo, hi = plausible_range(n)
         for label, x in (("fitted", val), ("prior", prior)):
-            if not in_plausible_range(n, x, prior if label == "fitted" else None):
+            if not (in_plausible_range(n, x, prior) if label == "fitted" else in_plausible_range(n, x, is_prior=True)):
                 raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
                                        f"gives ({lo:g} to {hi:g})")
         if n in SOFT_MAXIMA and 1.0 - PLAUSIBLE_RTOL <= val < 1.0:  # a rounding step under 1: 1

@@ -135,10 +135,14 @@ def plausible_range(name: str) -> tuple[float, float]:
 PLAUSIBLE_RTOL = 1e-9  # a value this close to an end of its range is on it (a file written by an older fit)
 
 
-def in_plausible_range(name: str, x: float, prior: float | None = None) -> bool:
+def in_plausible_range(name: str, x: float, prior: float | None = None, is_prior: bool = False) -> bool:
     """Whether ``x`` is a value of ``name`` that some fit could give (see ``plausible_range``): the fit widens a
-    constant's bounds to take in its ``prior``, and so does this."""
+    constant's bounds to take in its ``prior``, and so does this. A prior (``is_prior``) may lie outside by the
+    relative span BOUNDS_REL: an fp8 prior carries the bf16 fit's ratio (CARRIED_TO_FP8) — a bf16 eta_mem fitted
+    onto its lower bound 0.2 gives Hopper's fp8 prior 0.196."""
     lo, hi = plausible_range(name)
+    if is_prior:
+        lo, hi = lo * BOUNDS_REL[0], hi * BOUNDS_REL[1]
     if prior is not None and math.isfinite(prior):
         lo, hi = min(lo, prior), max(hi, prior)
     if not (math.isfinite(x) and x <= hi * (1 + PLAUSIBLE_RTOL)):

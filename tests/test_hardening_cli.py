@@ -464,3 +464,24 @@ def test_the_fit_puts_a_constant_on_its_bound_never_a_rounding_step_past_it():
         vals = par.values(par.clip(x))
         for (n, v), (a, b) in zip(vals.items(), par.bounds, strict=True):
             assert a <= v <= b, (n, v, a, b)
+
+
+def test_an_fp8_prior_carried_past_a_bound_loads_and_an_absurd_prior_does_not(tmp_path):
+    """The fp8 constants' prior carries the bf16 fit's eta_mem ratio: a bf16 eta_mem fitted onto its lower bound
+    (0.2) puts Hopper's fp8 prior at 0.196, under the bound — a file the fit writes, which must load; a prior at
+    1e300 (a hand-edited file) is still refused."""
+    from m2live.calibration_file import Calibration, load
+    from m2live.calibration_params import CalibrationError
+    from m2live.hardware import get_gpu
+
+    gpu = get_gpu("h100-sxm")
+    path = tmp_path / "cal.json"
+    for prior, ok in ((0.196, True), (1e300, False)):
+        doc = Calibration(gpu.name, gpu.kernel_family, {"eta_mem": {"prior": 0.9, "fitted": 0.2}}, {}, {}, "", "",
+                          {}, None, {"eta_mem": {"prior": prior, "fitted": min(prior, 0.5)}}).to_json()
+        path.write_text(json.dumps(doc))
+        if ok:
+            assert load(path).constants_fp8["eta_mem"]["prior"] == prior
+        else:
+            with pytest.raises(CalibrationError, match="outside what any fit gives"):
+                load(path)
