@@ -102,7 +102,7 @@ def _unmodelled(what: str) -> WeightFormat:
 # fp16 weights (vLLM's --dtype float16) are priced as bf16: the same two bytes a weight and, on every GPU in the
 # catalog, the same dense tensor rate with fp32 accumulation (GpuSpec.fp16_tflops == bf16_tflops)
 PRECISION_SPELLINGS = {"bfloat16": "bf16", "fp16": "bf16", "float16": "bf16", "half": "bf16", "float8": "fp8",
-                       "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8"}
+                       "fp8_e4m3": "fp8", "e4m3": "fp8", "w8a8": "fp8", "fp8-static": "fp8", "fp8_static": "fp8"}
 DYNAMIC_FP8_SPELLINGS = frozenset({"fp8-dynamic", "fp8_dynamic"})  # fp8 with per-step input scales
 
 

@@ -949,11 +949,11 @@ def test_batch_precision_cells_take_the_usual_spellings(tmp_path, capsys):
     """A batch file's precision cell: bf16 / fp8 in their common spellings; fp16 (vLLM's --dtype float16) priced as
     bf16 (same bytes, same tensor rate); auto or blank the checkpoint's own; fp8-dynamic fp8 with per-step input
     scales (slower than static ones); anything else one line naming the row."""
-    cells = ["FP8", "fp8_e4m3", "bf16", "bfloat16", "fp16", "float16", "auto", "", "fp8-dynamic"]
+    cells = ["FP8", "fp8_e4m3", "fp8-static", "bf16", "bfloat16", "fp16", "float16", "auto", "", "fp8-dynamic"]
     rc, rows = _batch(tmp_path, "".join(f"{L8},h100-sxm,1,1024,64,4,{c}\n" for c in cells))
     assert rc == 0
     tpot = {r["precision"]: float(r["tpot_ms"]) for r in rows}
-    assert tpot["FP8"] == tpot["fp8_e4m3"] < tpot["bf16"]
+    assert tpot["FP8"] == tpot["fp8_e4m3"] == tpot["fp8-static"] < tpot["bf16"]
     assert tpot["bf16"] == tpot["bfloat16"] == tpot["fp16"] == tpot["float16"] == tpot["auto"] == tpot[""]
     assert tpot["FP8"] < tpot["fp8-dynamic"] < tpot["bf16"]
     capsys.readouterr()
