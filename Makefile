@@ -40,6 +40,7 @@ bench: bench-accuracy bench-speed bench-ranking bench-plugin bench-admission ben
 bench-accuracy: venv
 	$(BIN)/python bench/accuracy.py --out results/accuracy.json
 	$(BIN)/python bench/calibration_sibling.py --out results/calibration_sibling.json
+	$(BIN)/python bench/calibration_robustness.py --trials 40 --out results/calibration_robustness.json
 
 bench-speed: venv
 	$(BIN)/python bench/speed.py --out results/speed.json
