@@ -89,7 +89,9 @@ def carry_to_fp8(fp8: ArchConstants, bf16_prior: ArchConstants, bf16_fitted: dic
         if n not in bf16_fitted:
             continue
         v = float(bf16_fitted[n])
-        upd[n] = v if how == "same" else float(getattr(fp8, n)) * v / float(getattr(bf16_prior, n))
+        v = v if how == "same" else float(getattr(fp8, n)) * v / float(getattr(bf16_prior, n))
+        lo, hi = BOUNDS.get(n, (v, v))  # a ratio carried past a bound stays on it (0.2 -> Blackwell's fp8 0.174)
+        upd[n] = min(max(v, lo), hi)
     return replace(fp8, **upd) if upd else fp8
 
 # How far the rows may move each constant from its prior, and how hard the ridge pulls it back. Constants are

@@ -485,3 +485,17 @@ def test_an_fp8_prior_carried_past_a_bound_loads_and_an_absurd_prior_does_not(tm
         else:
             with pytest.raises(CalibrationError, match="outside what any fit gives"):
                 load(path)
+
+
+def test_a_ratio_carried_to_fp8_stays_within_the_fits_bounds():
+    """The fp8 fit starts from the family's fp8 constants times the bf16 fit's eta_mem ratio; a bf16 eta_mem on its
+    lower bound (0.2) would carry Blackwell's fp8 0.79 to 0.174, under the bound — it stays on the bound, so what
+    the fp8 fit writes is within the range the reader checks."""
+    from m2live.calibration_params import BOUNDS, carry_to_fp8
+    from m2live.efficiency import constants_for
+    from m2live.hardware import get_gpu
+
+    gpu = get_gpu("b300")
+    for fitted in (BOUNDS["eta_mem"][0], BOUNDS["eta_mem"][1]):
+        carried = carry_to_fp8(constants_for(gpu, "fp8"), constants_for(gpu), {"eta_mem": fitted})
+        assert BOUNDS["eta_mem"][0] <= carried.eta_mem <= BOUNDS["eta_mem"][1]
