@@ -189,8 +189,9 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
             paths.append([start])
         else:
             fitted = {**start, **_fit_group(gpu, sub, base, names[choice[0]], choice[1])}
-            paths.append(_path(base, start, fitted)
-                         + _reweighted_points(gpu, sub, base, start, fitted, names[choice[0]], choice[1]))
+            # every path ends at start (t = 0): the fallback below and base take a path's last point as its prior
+            paths.append(_path(base, start, fitted)[:-1]
+                         + _reweighted_points(gpu, sub, base, start, fitted, names[choice[0]], choice[1]) + [start])
         base = replace(base, **paths[-1][0])
         if report is not None:
             report["+".join(present)] = {"constants": "prior" if choice is None else choice[0],
@@ -224,7 +225,8 @@ def _reweighted_points(gpu: GpuSpec, rows: Sequence[Row], base: ArchConstants, s
     out: list[dict[str, float]] = []
     for w in REWEIGHT:
         heavy = [*rows, *(r for r in rows if r.kind in worse for _ in range(w - 1))]
-        refit = {**start, **_fit_group(gpu, heavy, base, names, strength)}
+        # the ridge scaled with the rows, so the data and the prior keep the weights cross-validation chose
+        refit = {**start, **_fit_group(gpu, heavy, base, names, strength * len(heavy) / len(rows))}
         out += _path(base, start, refit)[:-1]  # its t = 0 end is start, already on the path
     return out
 
@@ -236,7 +238,9 @@ def _path(prior: ArchConstants, start: dict[str, float], fitted: dict[str, float
         pt = {}
         for n, v in fitted.items():
             a = start[n]
-            if n in DISCRETE:
+            if t in (0.0, 1.0):  # the ends exactly: a * (v / a) ** 1.0 can be a rounding step past v (1 - 1e-16)
+                pt[n] = v if t else a
+            elif n in DISCRETE:
                 pt[n] = v if t >= 0.5 else a
             elif n in LINEAR or a <= 0 or v <= 0:
                 pt[n] = a + t * (v - a)

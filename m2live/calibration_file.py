@@ -26,7 +26,7 @@ from .calibration_params import (
     Row,
     carry_to_fp8,
     in_plausible_range,
-    plausible_range,
+    range_for,
     row_kind,
 )
 from .efficiency import ArchConstants, constants_for
@@ -146,9 +146,9 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {what} {n!r} needs numeric 'prior' and 'fitted'") from None
         if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")
-        lo, hi = plausible_range(n)
-        for label, x in (("fitted", val), ("prior", prior)):
-            if not (in_plausible_range(n, x, prior) if label == "fitted" else in_plausible_range(n, x, is_prior=True)):
+        for label, x, around in (("prior", prior, None), ("fitted", val, prior)):
+            if not in_plausible_range(n, x, around):
+                lo, hi = range_for(n, around)
                 raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
                                        f"gives ({lo:g} to {hi:g})")
         if n in SOFT_MAXIMA and 1.0 - PLAUSIBLE_RTOL <= val < 1.0:  # a rounding step under 1: 1

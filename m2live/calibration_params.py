@@ -113,7 +113,8 @@ BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2,
                                           "t_fixup": (0.0, 1e-5),
                                           # the limiter's fast loop: from holding the TDP to no second stage
                                           "limiter_headroom": (1.0, 2.0)}
-# What a calibration file may hold at all, whatever its prior (``calibration_file`` refuses values outside, so a
+# What a calibration file may hold at all (a fitted value: this widened to its prior, as the fit widens it;
+# ``calibration_file`` refuses values outside, so a
 # corrupted or hand-edited file cannot overflow the model): the fit's own BOUNDS where it has them, else by kind —
 # times at most a second, per-CTA and per-SM rates at most 1e14 B/s, bytes per SM clock at most 1e4, the rest
 # (feeds, K lengths, overlaps) at most 1e6.
@@ -137,16 +138,18 @@ def plausible_range(name: str) -> tuple[float, float]:
 PLAUSIBLE_RTOL = 1e-9  # a value this close to an end of its range is on it (a file written by an older fit)
 
 
-def in_plausible_range(name: str, x: float, prior: float | None = None, is_prior: bool = False) -> bool:
-    """Whether ``x`` is a value of ``name`` that some fit could give (see ``plausible_range``): the fit widens a
-    constant's bounds to take in its ``prior``, and so does this. A prior (``is_prior``) may lie outside by the
-    relative span BOUNDS_REL: an fp8 prior carries the bf16 fit's ratio (CARRIED_TO_FP8) — a bf16 eta_mem fitted
-    onto its lower bound 0.2 gives Hopper's fp8 prior 0.196."""
+def range_for(name: str, prior: float | None = None) -> tuple[float, float]:
+    """``plausible_range`` widened to take in ``prior``, as the fit widens a constant's bounds (``Params``)."""
     lo, hi = plausible_range(name)
-    if is_prior:
-        lo, hi = lo * BOUNDS_REL[0], hi * BOUNDS_REL[1]
     if prior is not None and math.isfinite(prior):
         lo, hi = min(lo, prior), max(hi, prior)
+    return lo, hi
+
+
+def in_plausible_range(name: str, x: float, prior: float | None = None) -> bool:
+    """Whether ``x`` is a value of ``name`` that some fit from ``prior`` could give (``range_for``); within
+    PLAUSIBLE_RTOL of an end counts as on it."""
+    lo, hi = range_for(name, prior)
     if not (math.isfinite(x) and x <= hi * (1 + PLAUSIBLE_RTOL)):
         return False
     return x >= lo * (1 - PLAUSIBLE_RTOL) if (lo > 0 or name in LINEAR) else x > lo

@@ -760,3 +760,19 @@ def test_a_fit_that_mends_one_kind_of_a_shared_group_is_kept_by_a_penalty_not_dr
     vals = cal.fit_constants(gpu, rows, prior)
     ref, got = cal._kind_mapes(gpu, prior, rows), cal._kind_mapes(gpu, replace(prior, **vals), rows)
     assert got["prefill"] <= ref["prefill"] and got["decode"] < 0.6 * ref["decode"], (ref, got)
+
+
+def test_with_no_point_the_guard_accepts_every_group_falls_back_to_its_prior(monkeypatch):
+    """The fallback takes each group's last path point as its prior: the reweighted refits' points are offered
+    before it, never after (they had been appended after it, so the fallback was a 16 x refit's point)."""
+    gpu = get_gpu("NVIDIA H200")
+    rows = []
+    for kind, scale in (("prefill", 1.0), ("decode", 1.55)):
+        want = {cal.shape_key(kind, p) for p in cal.plan(gpu.name, kind)}
+        rows += [cal.Row(r.kind, r.cells, r.ms * scale)
+                 for r in cal.rows_from_tables([OPBENCH / "h100_sxm" / cal.FILES[kind]])
+                 if cal.shape_key(kind, r.cells) in want]
+    prior = constants_for(gpu)
+    monkeypatch.setattr(cal, "_guard", lambda *a, **k: None)
+    vals = cal.fit_constants(gpu, rows, prior)
+    assert vals and all(v == getattr(prior, n) for n, v in vals.items()), vals
