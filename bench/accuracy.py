@@ -17,6 +17,7 @@ import csv
 import datetime as dt
 import functools
 import json
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -82,6 +83,8 @@ def score_calibration() -> tuple[dict, dict]:
             preds = {src: rp.predict_table(t) for src, rp in rps.items()}
             groups: dict[str, list[tuple[float, float, dict[str, float]]]] = {}
             for i, (kind, row, m) in enumerate(zip(t.kinds, t.rows, meas, strict=True)):
+                if math.isnan(m):  # a shape the table did not measure (validate.measured)
+                    continue
                 entry = (m, baseline_ms(kind, row, row["device"]), {src: p[i] for src, p in preds.items()})
                 groups.setdefault(f"{kind}/all", []).append(entry)
                 if in_core_region(kind, row):
@@ -188,7 +191,8 @@ def score_vidur() -> dict:
 def _opbench_gemm_ms(folder: str) -> dict[tuple[int, int, int], float]:
     """One opbench GEMM table as (M, N, K) -> measured ms (read once: two Vidur models share the A100's)."""
     t = read_table(SHARED / "opbench" / folder / "gemm_bf16.csv")
-    return {(int(r["m"]), int(r["n"]), int(r["k"])): v for r, v in zip(t.rows, measured(t), strict=True)}
+    return {(int(r["m"]), int(r["n"]), int(r["k"])): v for r, v in zip(t.rows, measured(t), strict=True)
+            if not math.isnan(v)}
 
 
 def vidur_vs_opbench(shapes: list[tuple[int, int, int, float]], folder: str) -> dict:

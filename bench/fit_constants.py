@@ -64,7 +64,7 @@ def load(folder: str, max_rows: int, seed: int = 0, root: Path = OPBENCH,
     for name in names:
         t = read_table(root / folder / name)
         for kind, row, ms in zip(t.kinds, t.rows, measured(t), strict=True):
-            if not in_core_region(kind, row):
+            if math.isnan(ms) or not in_core_region(kind, row):
                 continue
             if kind == "gemm":
                 out[kind].append((int(row["m"]), int(row["n"]), int(row["k"]), ms))

@@ -109,6 +109,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     huge_ms.parent.mkdir()
     huge_ms.write_text("device,vllm_version,kernel_source,m,n,k,latency_ms\n" + "".join(
         f"NVIDIA H100 80GB HBM3,0.24.0,x,{m},4096,4096,{'1e300' if m == 1 else 0.05}\n" for m in (1, 2, 4, 8, 16)))
+    unmeasured = tmp / "unmeasured" / "gemm_bf16.csv"
+    unmeasured.parent.mkdir()
+    unmeasured.write_text("device,vllm_version,kernel_source,m,n,k,latency_ms\n" + "".join(
+        f"NVIDIA H100 80GB HBM3,0.24.0,x,{m},4096,4096,\n" for m in (1, 2, 4, 8, 16)))
     batch_header = tmp / "batch.csv"
     batch_header.write_text("model,gpu,tp,isl,osl,concurrency,precision\n")
     sim = ["simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm", "--isl", "100", "--osl", "10",
@@ -168,6 +172,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "rank --validate with --calibration": (["rank", "--validate", str(OPBENCH / "h100_sxm"), "--calibration",
                                                 str(tmp / "none.json")], {}),
         "probe --calibrate --quick": (["probe", "--calibrate", "--quick", "--dry-run", "--out", str(tmp / "pq")], {}),
+        "rank --validate unmeasured table": (["rank", "--validate", str(unmeasured.parent), str(OPBENCH / "a100_sxm")],
+                                             {}),
     }
 
 
@@ -182,7 +188,7 @@ CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", 
          "simulate max-num-seqs 1e20", "rank max-seqs 1e20", "rank superscript digit", "M2LIVE_ADMISSION without SLO",
          "M2LIVE_TRACE a directory", "M2LIVE_PROM_HOST not a host", "M2LIVE_MQTT_URL broken IPv6",
          "batch with --tp", "batch with --json", "rank --validate with --gpus", "rank --validate with --calibration",
-         "probe --calibrate --quick"]
+         "probe --calibrate --quick", "rank --validate unmeasured table"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -987,3 +987,18 @@ def test_batch_rows_take_the_flags_no_column_names(tmp_path, capsys):
     for row, base in zip(rows, plain, strict=True):  # the flags acted on every row
         assert abs(float(row["ttft_ms"]) / float(base["ttft_ms"]) - 1) > 0.05, (row, base)
     assert alone[0]["assumptions"]["num_prompts"] == 40 and alone[0]["tpot_ms"] < alone[1]["tpot_ms"]
+
+
+def test_batch_blocks_cell_wins_over_the_kv_cache_flag(tmp_path, capsys):
+    """--kv-cache-gib sizes the cache of every row but one whose num_gpu_blocks_override cell sizes it; the two
+    flags together are one line, exit 2."""
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,num_gpu_blocks_override\n"
+                   f"{L8},h100-sxm,1,1024,64,16,fp8,\n{L8},h100-sxm,1,1024,64,16,fp8,200\n")
+    assert main(["simulate", "--batch", str(src), "--kv-cache-gib", "2"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    one = simulate(L8, "h100-sxm", 1, 1024, 64, ServingConfig(concurrency=16, num_gpu_blocks=200), precision="fp8")
+    assert "error" not in rows[1] and float(rows[1]["ttft_ms"]) == pytest.approx(one.ttft_ms, rel=1e-4)
+    assert main(["simulate", "--batch", str(src), "--kv-cache-gib", "2", "--num-gpu-blocks-override", "200"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give one" in err[0], err

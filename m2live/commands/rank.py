@@ -66,9 +66,14 @@ RANKING_ONLY = ("model", "workload", "gpus", "tp", "slo_ms", "price", "rank_by",
                 "max_batched_tokens", "top", "calibration")
 
 
+def _said(value: object) -> object:
+    """A flag's value as compared with its default (--gpus ALL is --gpus all)."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        given = [d for d in RANKING_ONLY if getattr(args, d) != args.ranking_defaults[d]]
+        given = [d for d in RANKING_ONLY if _said(getattr(args, d)) != _said(args.ranking_defaults[d])]
         if given:
             raise PlanError(f"--validate scores the ranking on measured tables; --{given[0].replace('_', '-')} "
                             "is a ranking's: drop it")

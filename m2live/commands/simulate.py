@@ -5,7 +5,8 @@
                   [--kv-cache-gib G | --num-gpu-blocks-override K]
                   [--calibration CAL.json] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
   m2live simulate --batch FILE.csv -o OUT.csv [any flag above but the configuration's own (model, GPU, TP,
-                  lengths, concurrency): it holds for every row whose cell for it is blank or absent]
+                  lengths, concurrency) and --json: it holds for every row whose cell for it is blank, absent or
+                  auto; a row's num_gpu_blocks_override cell wins over --kv-cache-gib]
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
@@ -393,6 +394,8 @@ def run_batch(args: argparse.Namespace) -> int:
                                                                           SimulationError)
     frontend_ms = None if args.frontend_ms is None else FRONTEND_MS.parse(args.frontend_ms, "--frontend-ms",
                                                                              SimulationError)
+    if kv_gib is not None and blocks_flag is not None:
+        raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override each size the KV cache: give one")
     for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
                             caching_cell, len_cell, release_cell))) in enumerate(zip(rows, parsed, strict=True),
                                                                                  start=2):
@@ -401,7 +404,8 @@ def run_batch(args: argparse.Namespace) -> int:
             if fields_[6] is None and args.precision:  # a blank precision cell: --precision, else the checkpoint's
                 fields_ = (*fields_[:6], args.precision)
             r = run_one(*fields_, tokens_flag if max_tokens is None else max_tokens,
-                        seqs_flag if max_seqs is None else max_seqs, num_prompts=prompts_flag, kv_gib=kv_gib,
+                        seqs_flag if max_seqs is None else max_seqs, num_prompts=prompts_flag,
+                        kv_gib=kv_gib if blocks_cell is None else None,  # a row's num_gpu_blocks_override wins
                         frontend_ms=frontend_ms, clock=args.clock, calibration=args.calibration,
                         test_run=args.test_run,
                         async_scheduling=async_flag if async_cell is None else async_cell,

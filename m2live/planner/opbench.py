@@ -52,6 +52,8 @@ def _gemm_cells(path: Path, table: Table) -> list[tuple[str, tuple[int, int, int
         except (TypeError, ValueError):
             raise TableError(f"{path}:{i}: m, n, k must be integers") from None
         out.append((name, key, ms))
+    if not out:
+        raise TableError(f"{path}: no measured rows (every latency_ms blank or NaN)")
     return out
 
 
