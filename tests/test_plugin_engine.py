@@ -198,11 +198,16 @@ def test_a_stale_cpu_measurement_is_measured_again_in_a_child_while_the_engine_s
     # engine idles -- in a child process, while the engine serves the workload again beside it (vLLM-CPU's
     # kernels run on a thread beside the engine's segfaulted the engine 1 run in 3-4)
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "M2LIVE_PROM": "0"}
-    _run(tmp_path, **env)
     path = tmp_path / "cache" / "m2live" / "cpu_device.json"
-    data = json.loads(path.read_text())
-    good = dict(data["entries"])
-    assert good
+    # a measurement taken while the machine is busy (another job on a 2-core runner) is not kept: the next start
+    # measures again, as it does for a user — so a few starts until one is kept
+    for _ in range(3):
+        _run(tmp_path, **env)
+        data = json.loads(path.read_text())
+        good = dict(data["entries"])
+        if good:
+            break
+    assert good, "every start measured the CPU device on a busy machine: nothing was kept to go stale"
     for m in data["entries"].values():
         m.update({k: m[k] / 30 for k in ("flops", "bw", "attn_flops", "attn_bw")},
                  t_call=m["t_call"] * 30, t_attn=m["t_attn"] * 30, measured_at=1.0,
