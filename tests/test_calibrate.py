@@ -744,11 +744,8 @@ def test_probe_calibrate_takes_its_time_limit(tmp_path):
     one_line_error(p)
 
 
-def test_a_fit_that_mends_one_kind_of_a_shared_group_is_kept_by_a_penalty_not_dropped():
-    """Prefill and decode share constants and are fitted together; the guard keeps no point where one kind ends
-    worse than under the prior. The H100's planned attention rows priced as an H200's, decode 1.55 x slower than
-    measured and prefill as measured: the joint fit trades prefill for decode, so the guard used to drop it whole
-    (decode 40.7 % kept). Refitted with the worsened kind's rows weighing more, decode and prefill both improve."""
+def _h100_attention_rows_as_h200_decode_slower() -> tuple:
+    """The H100's planned prefill and decode rows priced as an H200's, decode 1.55 x slower than measured."""
     gpu = get_gpu("NVIDIA H200")
     rows = []
     for kind, scale in (("prefill", 1.0), ("decode", 1.55)):
@@ -756,6 +753,15 @@ def test_a_fit_that_mends_one_kind_of_a_shared_group_is_kept_by_a_penalty_not_dr
         rows += [cal.Row(r.kind, r.cells, r.ms * scale)
                  for r in cal.rows_from_tables([OPBENCH / "h100_sxm" / cal.FILES[kind]])
                  if cal.shape_key(kind, r.cells) in want]
+    return gpu, rows
+
+
+def test_a_fit_that_mends_one_kind_of_a_shared_group_is_kept_by_a_penalty_not_dropped():
+    """Prefill and decode share constants and are fitted together; the guard keeps no point where one kind ends
+    worse than under the prior. The H100's planned attention rows priced as an H200's, decode 1.55 x slower than
+    measured and prefill as measured: the joint fit trades prefill for decode, so the guard used to drop it whole
+    (decode 40.7 % kept). Refitted with the worsened kind's rows weighing more, decode and prefill both improve."""
+    gpu, rows = _h100_attention_rows_as_h200_decode_slower()
     prior = constants_for(gpu)
     vals = cal.fit_constants(gpu, rows, prior)
     ref, got = cal._kind_mapes(gpu, prior, rows), cal._kind_mapes(gpu, replace(prior, **vals), rows)
@@ -765,13 +771,7 @@ def test_a_fit_that_mends_one_kind_of_a_shared_group_is_kept_by_a_penalty_not_dr
 def test_with_no_point_the_guard_accepts_every_group_falls_back_to_its_prior(monkeypatch):
     """The fallback takes each group's last path point as its prior: the reweighted refits' points are offered
     before it, never after (they had been appended after it, so the fallback was a 16 x refit's point)."""
-    gpu = get_gpu("NVIDIA H200")
-    rows = []
-    for kind, scale in (("prefill", 1.0), ("decode", 1.55)):
-        want = {cal.shape_key(kind, p) for p in cal.plan(gpu.name, kind)}
-        rows += [cal.Row(r.kind, r.cells, r.ms * scale)
-                 for r in cal.rows_from_tables([OPBENCH / "h100_sxm" / cal.FILES[kind]])
-                 if cal.shape_key(kind, r.cells) in want]
+    gpu, rows = _h100_attention_rows_as_h200_decode_slower()
     prior = constants_for(gpu)
     monkeypatch.setattr(cal, "_guard", lambda *a, **k: None)
     vals = cal.fit_constants(gpu, rows, prior)
