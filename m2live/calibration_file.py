@@ -20,7 +20,6 @@ from .calibration_params import (
     FILES,
     FP8_CALIBRATED,
     LINEAR,
-    PLAUSIBLE_RTOL,
     SHAPE_COLS,
     CalibrationError,
     Row,
@@ -34,7 +33,6 @@ from .hardware import GpuSpec, get_gpu
 from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
-SOFT_MAXIMA = ("overlap", "item_overlap")  # exponents p of (a^p + b^p)^(1/p): a file's value must be >= 1
 MIN_ROWS = 4  # fewer measured rows of a kind than this cannot pin anything: refused
 
 
@@ -151,12 +149,10 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
                 lo, hi = range_for(n, around)
                 raise CalibrationError(f"{where}: {what} {n!r} has a {label} value {x!r} outside what any fit "
                                        f"gives ({lo:g} to {hi:g})")
-        if n in SOFT_MAXIMA and 1.0 - PLAUSIBLE_RTOL <= val < 1.0:  # a rounding step under 1: 1
-            val = 1.0
-        if n in SOFT_MAXIMA and val < 1.0:  # (a^p + b^p)^(1/p) under p = 1 is no maximum (and overflows)
-            raise CalibrationError(f"{where}: {what} {n!r} is the exponent of a soft maximum: at least 1, "
-                                   f"not {v['fitted']!r}")
-        clean[n] = {"prior": prior, "fitted": val}
+        # a value a rounding step past an end (an older fit's) is the end itself: the soft maxima's exponents
+        # (overlap, item_overlap) are then at least 1, their bounds' lower end, as the model needs
+        lo, hi = range_for(n, prior)
+        clean[n] = {"prior": prior, "fitted": min(max(val, lo), hi)}
     return clean
 
 
@@ -209,11 +205,6 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
             raise CalibrationError(str(e)) from None
         if meas is None:
             raise CalibrationError(f"{p}: no latency_ms column (measure the plan's shapes first)")
-        if not t.rows:  # a header only: that kind has no rows
-            if sparse is None:
-                raise CalibrationError(f"{p}: no rows (a header only)")
-            sparse[next(k for k, name in FILES.items() if name == p.name)] = 0
-            continue
         n_kind: dict[str, int] = {}
         for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, meas, strict=True), start=2):
             if math.isnan(ms):  # a planned shape the table holds but did not measure: not given
@@ -241,10 +232,10 @@ def read_rows(directory: str | os.PathLike, gpu: GpuSpec, sparse: dict[str, int]
                                        f"num_key_value_heads {cells['num_key_value_heads']}")
             rows.append(Row(k, cells, ms))
             n_kind[k] = n_kind.get(k, 0) + 1
-        if not n_kind:  # every row unmeasured: as a header only
+        if not n_kind:  # a header only, or every row unmeasured: that kind has no rows
             if sparse is None:
-                raise CalibrationError(f"{p}: no measured rows (every latency_ms blank or NaN)")
-            sparse[row_kind(t.kinds[0], t.dtype)] = 0
+                raise CalibrationError(f"{p}: no measured rows (a header only, or every latency_ms blank or NaN)")
+            sparse[next(k for k, name in FILES.items() if name == p.name)] = 0
         for k, n in n_kind.items():
             if n < MIN_ROWS:
                 if sparse is None:

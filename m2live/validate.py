@@ -271,10 +271,9 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
         meas = measured(table)
         if meas is None:
             raise TableError(f"{path}: no latency_ms column to validate against")
-        if not table.rows:
-            raise TableError(f"{path}: no rows to validate against (a header only)")
-        if all(math.isnan(m) for m in meas):
-            raise TableError(f"{path}: no measured rows to validate against (every latency_ms blank or NaN)")
+        if all(math.isnan(m) for m in meas):  # (true of a header only too)
+            raise TableError(f"{path}: no measured rows to validate against (a header only, or every latency_ms "
+                             "blank or NaN)")
         pred = rp.predict_table(table)
         groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
         unmeasured: dict[tuple[str, str], int] = {}
