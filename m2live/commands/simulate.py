@@ -272,25 +272,36 @@ def run(args: argparse.Namespace) -> int:
             raise SimulationError(f"--{f} is required (or --batch FILE.csv)")
     r = run_one(args.model, args.gpu, _pos_int("1" if args.tp is None else args.tp, "--tp"), _pos_int(args.isl, "--isl"),
                 _pos_int(args.osl, "--osl"), _pos_int(args.concurrency, "--concurrency"), args.precision,
-                _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
-                _opt_int(args.max_num_seqs, "--max-num-seqs"), _opt_int(args.num_prompts, "--num-prompts"),
-                None if args.kv_cache_gib is None else KV_CACHE_GIB.parse(args.kv_cache_gib, "--kv-cache-gib", SimulationError),
-                None if args.frontend_ms is None else FRONTEND_MS.parse(args.frontend_ms, "--frontend-ms", SimulationError),
-                args.clock, args.calibration, args.test_run,
-                parse_switch(args.async_scheduling, "--async-scheduling"),
-                parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
-                None if args.tokenize_us is None else TOKENIZE_US.parse(args.tokenize_us, "--tokenize-us", SimulationError),
-                _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0), args.kv_cache_dtype,
-                gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
-                num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
-                prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
-                max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
-                vllm_version=release_arg(args.vllm_version))
+                **_flag_settings(args))
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
     print_result(r)
     return 0
+
+
+def _flag_settings(args: argparse.Namespace) -> dict:
+    """Every ``run_one`` setting a flag gives, parsed once: a single run's, and a batch row's where its cell is
+    blank (or absent)."""
+    def opt(parse, text, flag):  # a bounded number, or None where the flag is not given
+        return None if text is None else parse.parse(text, flag, SimulationError)
+
+    return dict(max_tokens=_opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens"),
+                max_seqs=_opt_int(args.max_num_seqs, "--max-num-seqs"),
+                num_prompts=_opt_int(args.num_prompts, "--num-prompts"),
+                kv_gib=opt(KV_CACHE_GIB, args.kv_cache_gib, "--kv-cache-gib"),
+                frontend_ms=opt(FRONTEND_MS, args.frontend_ms, "--frontend-ms"),
+                clock=args.clock, calibration=args.calibration, test_run=args.test_run,
+                async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
+                allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
+                tokenize_us=opt(TOKENIZE_US, args.tokenize_us, "--tokenize-us"),
+                request_rate=_rate(args.request_rate), seed=_pos_int(args.seed, "--seed", least=0),
+                kv_cache_dtype=args.kv_cache_dtype,
+                gpu_memory_utilization=_utilization(args.gpu_memory_utilization),
+                num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
+                prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
+                max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
+                vllm_version=release_arg(args.vllm_version))
 
 
 def print_result(r: ServingResult) -> None:
@@ -368,11 +379,9 @@ def run_batch(args: argparse.Namespace) -> int:
         with _row_errors(f"{path}:{n}"):
             parsed.append(_batch_row(row))
     out_rows = []
-    async_flag = parse_switch(args.async_scheduling, "--async-scheduling")  # a blank cell takes the flag's
-    fusion_flag = parse_switch(args.allreduce_fusion, "--allreduce-fusion")
-    tokenize_us = None if args.tokenize_us is None else TOKENIZE_US.parse(args.tokenize_us, "--tokenize-us", SimulationError)
-    rate, seed = _rate(args.request_rate), _pos_int(args.seed, "--seed", least=0)
-    utilization = _utilization(args.gpu_memory_utilization)  # every row's
+    flags = _flag_settings(args)  # every row's, where its cell is blank or absent
+    if flags["kv_gib"] is not None and flags["num_gpu_blocks"] is not None:
+        raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override each size the KV cache: give one")
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
     kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR, BATCH_NOTE)]  # the input's columns, echoed
@@ -382,42 +391,15 @@ def run_batch(args: argparse.Namespace) -> int:
     for row in rows:
         row.update({new: row.get(old, "") for old, new in renamed.items()})
     noted = False
-    blocks_flag = _opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override")
-    caching_flag = parse_switch(args.prefix_caching, "--prefix-caching")
-    len_flag = _opt_int(args.max_model_len, "--max-model-len")
-    release_flag = release_arg(args.vllm_version)
-    # the flags no column names hold for every row, and the budget flags for the rows whose cells are blank
-    tokens_flag = _opt_int(args.max_num_batched_tokens, "--max-num-batched-tokens")
-    seqs_flag = _opt_int(args.max_num_seqs, "--max-num-seqs")
-    prompts_flag = _opt_int(args.num_prompts, "--num-prompts")
-    kv_gib = None if args.kv_cache_gib is None else KV_CACHE_GIB.parse(args.kv_cache_gib, "--kv-cache-gib",
-                                                                          SimulationError)
-    frontend_ms = None if args.frontend_ms is None else FRONTEND_MS.parse(args.frontend_ms, "--frontend-ms",
-                                                                             SimulationError)
-    if kv_gib is not None and blocks_flag is not None:
-        raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override each size the KV cache: give one")
-    for n, (row, (fields_, (max_tokens, max_seqs, async_cell, fusion_cell, rate_cell, kv_cell, blocks_cell,
-                            caching_cell, len_cell, release_cell))) in enumerate(zip(rows, parsed, strict=True),
-                                                                                 start=2):
+    for n, (row, (fields_, cells)) in enumerate(zip(rows, parsed, strict=True), start=2):
         out = {k: row.get(k, "") for k in kept}
         try:
             if fields_[6] is None and args.precision:  # a blank precision cell: --precision, else the checkpoint's
                 fields_ = (*fields_[:6], args.precision)
-            r = run_one(*fields_, tokens_flag if max_tokens is None else max_tokens,
-                        seqs_flag if max_seqs is None else max_seqs, num_prompts=prompts_flag,
-                        kv_gib=kv_gib if blocks_cell is None else None,  # a row's num_gpu_blocks_override wins
-                        frontend_ms=frontend_ms, clock=args.clock, calibration=args.calibration,
-                        test_run=args.test_run,
-                        async_scheduling=async_flag if async_cell is None else async_cell,
-                        allreduce_fusion=fusion_flag if fusion_cell is None else fusion_cell,
-                        tokenize_us=tokenize_us, seed=seed,
-                        request_rate=rate if rate_cell is None else rate_cell,
-                        kv_cache_dtype=args.kv_cache_dtype if kv_cell is None else kv_cell,
-                        gpu_memory_utilization=utilization,
-                        num_gpu_blocks=blocks_flag if blocks_cell is None else blocks_cell,
-                        prefix_caching=caching_flag if caching_cell is None else caching_cell,
-                        max_model_len=len_flag if len_cell is None else len_cell,
-                        vllm_version=release_flag if release_cell is None else release_cell)
+            given = {k: v for k, v in cells.items() if v is not None}
+            if "num_gpu_blocks" in given:  # a row's num_gpu_blocks_override sizes its cache, whatever --kv-cache-gib
+                given["kv_gib"] = None
+            r = run_one(*fields_, **{**flags, **given})
         except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
             msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
             failed.append(f"{path}:{n}: {msg}")
@@ -444,11 +426,11 @@ def run_batch(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-def _batch_row(row: dict) -> tuple[tuple, tuple]:
+def _batch_row(row: dict) -> tuple[tuple, dict]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
-    precision) and the optional (max_num_batched_tokens, max_num_seqs; async_scheduling, allreduce_fusion and
-    prefix_caching: blank or auto, on, off; request_rate: blank for --request-rate's, inf for the closed loop, or
-    requests/s; kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version: blank for --vllm-version's).
+    precision) and its optional cells as ``run_one`` settings, None where blank (the flag's then): max_num_batched_
+    tokens, max_num_seqs; async_scheduling, allreduce_fusion and prefix_caching (blank or auto, on, off);
+    request_rate (inf: the closed loop); kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version.
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
@@ -458,18 +440,20 @@ def _batch_row(row: dict) -> tuple[tuple, tuple]:
     fields_ = (row["model"], row["gpu"], _pos_int(row["tp"], "tp"), _pos_int(row["isl"], "isl"),
                _pos_int(row["osl"], "osl"), _pos_int(row["concurrency"], "concurrency"), precision)
     request_lengths(fields_[3], 1, "isl"), request_lengths(fields_[4], 1, "osl")  # the simulator's own bounds
-    limits = (_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
-              _opt_int(row.get("max_num_seqs"), "max_num_seqs"),
-              parse_switch(row.get("async_scheduling"), "async_scheduling"),
-              parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
-              _rate(row.get("request_rate"), "request_rate"),
-              kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip() else None,
-              _opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
-              parse_switch(row.get("prefix_caching"), "prefix_caching"),
-              _opt_int(row.get("max_model_len"), "max_model_len"),
-              release_arg(row.get("vllm_version"), "vllm_version"))
-    ServingConfig(concurrency=fields_[5], max_num_batched_tokens=limits[0], max_num_seqs=limits[1])  # its bounds
-    return fields_, limits
+    cells = dict(max_tokens=_opt_int(row.get("max_num_batched_tokens"), "max_num_batched_tokens"),
+                 max_seqs=_opt_int(row.get("max_num_seqs"), "max_num_seqs"),
+                 async_scheduling=parse_switch(row.get("async_scheduling"), "async_scheduling"),
+                 allreduce_fusion=parse_switch(row.get("allreduce_fusion"), "allreduce_fusion"),
+                 request_rate=_rate(row.get("request_rate"), "request_rate"),
+                 kv_cache_dtype=kv_cache_dtype_of(row["kv_cache_dtype"]) if (row.get("kv_cache_dtype") or "").strip()
+                 else None,
+                 num_gpu_blocks=_opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
+                 prefix_caching=parse_switch(row.get("prefix_caching"), "prefix_caching"),
+                 max_model_len=_opt_int(row.get("max_model_len"), "max_model_len"),
+                 vllm_version=release_arg(row.get("vllm_version"), "vllm_version"))
+    ServingConfig(concurrency=fields_[5], max_num_batched_tokens=cells["max_tokens"],
+                  max_num_seqs=cells["max_seqs"])  # its bounds
+    return fields_, cells
 
 
 def _kept_as(header: list[str], rows: list[dict]) -> dict[str, str]:
