@@ -159,6 +159,11 @@ def _is_num(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _is_seconds(v: object, zero: bool = False) -> bool:
+    """A step or operator time: a number in (0, MAX_STEP_S] ([0, MAX_STEP_S] where ``zero``)."""
+    return _is_num(v) and (v >= 0 if zero else v > 0) and v <= MAX_STEP_S
+
+
 def _problem(rec: object) -> str | None:
     """Why ``rec`` is not a usable step record (None: it is)."""
     if not isinstance(rec, dict):
@@ -167,7 +172,7 @@ def _problem(rec: object) -> str | None:
     if missing:
         return f"record lacks {', '.join(missing)}"
     for k in ("predicted_s", "corrected_s"):
-        if not (_is_num(rec[k]) and 0 < rec[k] <= MAX_STEP_S):
+        if not _is_seconds(rec[k]):
             return f"{k} must be seconds in (0, {MAX_STEP_S:g}], got {str(rec[k])[:32]!r}"
     if not (_is_num(rec["f_clk"]) and 0 < rec["f_clk"] <= MAX_F_CLK):
         return f"f_clk must be a clock ratio in (0, {MAX_F_CLK:g}], got {str(rec['f_clk'])[:32]!r}"
@@ -175,14 +180,13 @@ def _problem(rec: object) -> str | None:
     if clock is not None and not (_is_num(clock) and clock > 0):
         return f"clock_mhz must be a positive number or null, got {str(clock)[:32]!r}"
     m = rec["measured_s"]
-    if m is not None and not (_is_num(m) and 0 < m <= MAX_STEP_S):
+    if m is not None and not _is_seconds(m):
         return f"measured_s must be seconds in (0, {MAX_STEP_S:g}] or null, got {str(m)[:32]!r}"
     for k in ("num_prefill_tokens", "num_decode_tokens"):
         if not (_is_num(rec[k]) and 0 <= rec[k] <= STEP_TOKENS.hi):
             return f"{k} must be a token count in 0 .. {int(STEP_TOKENS.hi)}, got {str(rec[k])[:32]!r}"
     ops = rec["ops"]
-    if not isinstance(ops, dict) or not all(isinstance(o, str) and _is_num(t) and 0 <= t <= MAX_STEP_S
-                                            for o, t in ops.items()):
+    if not isinstance(ops, dict) or not all(isinstance(o, str) and _is_seconds(t, zero=True) for o, t in ops.items()):
         return "ops must be an object of {operator: seconds}"
     fac = rec["factors"]
     if not isinstance(fac, dict) or not all(
