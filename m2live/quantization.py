@@ -183,8 +183,8 @@ def checkpoint_quant_config(model: object) -> tuple[dict | None, str]:
 def model_weights(model: object) -> WeightFormat:
     """The weights' format a model given as the commands take it says of itself: a checkpoint on disk (its
     config.json, a path to it or to its directory) by its quantization config (``checkpoint_quant_config``); a
-    Hugging Face id by its name — an "FP8" word is vLLM's fp8 (``-FP8-dynamic``: dynamic input scales; NVIDIA's
-    and RedHat's plain ``-FP8``: static, calibrated ones); anything else (a preset, a ModelShape) bf16."""
+    Hugging Face id by its name — an "FP8" word is vLLM's fp8 (``-FP8-dynamic`` and Qwen's own ``-FP8``
+    (``BLOCK_FP8_ORGS``): dynamic input scales; NVIDIA's and RedHat's plain ``-FP8``: static, calibrated ones); anything else (a preset, a ModelShape) bf16."""
     if not isinstance(model, (str, os.PathLike)):
         return WeightFormat()  # a ModelShape: shapes only
     s = str(model)
@@ -194,9 +194,18 @@ def model_weights(model: object) -> WeightFormat:
         return replace(w, why=f"{where}: {w.why}") if qc else w
     words = set(re.split(r"[-_\s]", s.split("/")[-1].lower()))
     if "fp8" in words:
+        org = s.split("/")[0].lower() if "/" in s else ""
+        if org in BLOCK_FP8_ORGS:
+            return WeightFormat("fp8", "dynamic", f"the checkpoint's name says FP8, and {s.split('/')[0]}'s FP8 "
+                                "checkpoints scale inputs per step (128 x 128 weight blocks, priced as per-tensor)")
         scale = "dynamic" if "dynamic" in words else "static"
         return WeightFormat("fp8", scale, f"the checkpoint's name says FP8 ({scale} input scales)")
     return WeightFormat()
+
+
+# Publishers whose own "-FP8" checkpoints are block-wise with dynamic input scales (config.json: quant_method fp8,
+# activation_scheme dynamic, weight_block_size [128, 128]: Qwen's Qwen3 / Qwen3.5 FP8 releases), unlike NVIDIA's (modelopt) and RedHat's plain "-FP8" (static, calibrated input scales)
+BLOCK_FP8_ORGS = frozenset({"qwen"})
 
 
 # vLLM's --kv-cache-dtype values -> bytes per cache element ("auto": the model's dtype, None here)

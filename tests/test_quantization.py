@@ -167,7 +167,9 @@ def test_the_plugin_prices_the_engines_fp8_weights_and_exports_which(capfd):
     ("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", ("fp8", "static")),
     ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", ("fp8", "dynamic")),
     ("nvidia/Llama-3.3-70B-Instruct-FP8", ("fp8", "static")),
-    ("Qwen/Qwen3-32B-FP8", ("fp8", "static")),
+    ("Qwen/Qwen3-32B-FP8", ("fp8", "dynamic")),  # Qwen's own FP8: 128 x 128 blocks, dynamic input scales
+    ("Qwen/Qwen3-8B-FP8", ("fp8", "dynamic")),
+    ("someone/Qwen3-32B-FP8", ("fp8", "static")),  # a third party's plain -FP8: by the common (static) rule
     ("meta-llama/Llama-3.1-70B-Instruct", ("bf16", "static")),
     ("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", ("bf16", "static")),
 ])
