@@ -3,7 +3,8 @@
 - ``read_rows(DIR, gpu)``: the measured rows of DIR's opbench tables (any subset of ``FILES``), checked to be of
   that GPU, with at least ``MIN_ROWS`` per kind; ``rows_from_tables`` for the bench and tests.
 - ``Calibration``: the JSON (``SCHEMA``; ``load`` / ``save``, validated on load), ``arch_constants()`` gives the
-  ``ArchConstants`` to predict with; ``check_gpu`` (and ``load_for``) refuse a calibration of another GPU.
+  ``ArchConstants`` to predict with; ``check_gpu`` (and ``load_for``) refuse a calibration of another GPU; ``Calibrations``: one per GPU, as
+  --calibration names them (the flag given once per file).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -173,14 +174,56 @@ def load(path: str | os.PathLike) -> Calibration:
     return Calibration.from_json(doc, p)
 
 
-def load_for(path: str | os.PathLike | None, gpu: GpuSpec | str) -> dict[str, ArchConstants]:
-    """``Predictor``'s constants keyword arguments for ``gpu`` under the calibration at ``path`` ({}: no
-    calibration; ``Calibration.predictor_constants``); refuses a calibration of another GPU."""
-    if not path:
-        return {}
-    cal = load(path)
-    cal.check_gpu(gpu)
-    return cal.predictor_constants()
+Paths = str | os.PathLike | Sequence[str | os.PathLike] | None  # --calibration: one file, or one per GPU
+
+
+def path_list(paths: Paths) -> list[str]:
+    """--calibration's files as a list (a flag given once or more; None: none)."""
+    if not paths:
+        return []
+    return [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+
+
+class Calibrations:
+    """The calibrations --calibration names, one per GPU (the flag given once per file): a command over several
+    GPUs (``rank``, ``simulate --batch``, a table of several devices) predicts each with its own, and a GPU with
+    none is refused where a calibration was asked for (``for_gpu``) — never silently priced from the family."""
+
+    def __init__(self, cals: Iterable[Calibration]):
+        self.by_gpu: dict[str, Calibration] = {}
+        for cal in cals:
+            other = self.by_gpu.get(cal.gpu)
+            if other is not None:
+                raise CalibrationError(f"--calibration: {other.path} and {cal.path} are both for {cal.gpu}: "
+                                       "give one file per GPU")
+            self.by_gpu[cal.gpu] = cal
+
+    @classmethod
+    def load(cls, paths: Paths) -> Calibrations | None:
+        """The files at ``paths`` (None when there are none)."""
+        files = path_list(paths)
+        return cls(load(p) for p in files) if files else None
+
+    def for_gpu(self, gpu: GpuSpec | str) -> Calibration:
+        """This GPU's calibration; refused (one line) when none of the files is for it."""
+        if len(self.by_gpu) == 1:
+            cal = next(iter(self.by_gpu.values()))
+            cal.check_gpu(gpu)  # one file: the message names it and its GPU
+            return cal
+        name = get_gpu(gpu).name if isinstance(gpu, str) else gpu.name
+        cal = self.by_gpu.get(name)
+        if cal is None:
+            given = "; ".join(f"{c.path} is for {g}" for g, c in self.by_gpu.items())
+            raise CalibrationError(f"no calibration for {name} ({given}): calibrate this GPU with "
+                                   "`m2live calibrate plan/fit` or drop --calibration")
+        return cal
+
+
+def load_for(paths: Paths, gpu: GpuSpec | str) -> dict[str, ArchConstants]:
+    """``Predictor``'s constants keyword arguments for ``gpu`` under its calibration among ``paths`` ({}: no
+    calibration; ``Calibration.predictor_constants``); refuses when none of them is for this GPU."""
+    cals = Calibrations.load(paths)
+    return cals.for_gpu(gpu).predictor_constants() if cals else {}
 
 
 # ---- reading measured tables --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .limits import positive_float  # noqa: F401  (re-exported: the CLI's number
 from .predictor import OpModel
 
 if TYPE_CHECKING:
-    from .calibrate import Calibration
+    from .calibration_file import Calibration, Calibrations
 
 GEMM_COLS = ("m", "n", "k")
 ATTN_COLS = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step")
@@ -138,10 +138,16 @@ class RowPredictor:
     """Predicts table rows; one OpModel per GPU name."""
 
     def __init__(self, gpu: str | None = None, clock: str | float = "power", l2_warm: bool = True,
-                 constants: dict[str, ArchConstants] | None = None, calibration: Calibration | None = None,
+                 constants: dict[str, ArchConstants] | None = None,
+                 calibration: Calibration | Calibrations | None = None,
                  fp8_constants: dict[str, ArchConstants] | None = None):
         self.gpu_override = gpu
-        self.calibration = calibration  # one GPU's own constants (m2live calibrate); refuses rows of other GPUs
+        # GPUs' own constants (m2live calibrate), one per GPU; refuses rows of a GPU with none
+        self.calibrations: Calibrations | None = None
+        if calibration is not None:
+            from .calibration_file import Calibrations as Several
+
+            self.calibrations = calibration if isinstance(calibration, Several) else Several([calibration])
         self.constants = constants or {}  # kernel family -> constants override (leave-one-GPU-out checks)
         self.clock = clock
         self.l2_warm = l2_warm
@@ -155,11 +161,10 @@ class RowPredictor:
         if m is None:
             gpu = get_gpu(name)
             c = (self.fp8_constants if dtype == "fp8" else self.constants).get(gpu.kernel_family)
-            if self.calibration is not None:
-                self.calibration.check_gpu(gpu)
+            cal = self.calibrations.for_gpu(gpu) if self.calibrations is not None else None
             try:
-                if self.calibration is not None:
-                    c = self.calibration.arch_constants("fp8" if dtype == "fp8" else "bf16")
+                if cal is not None:
+                    c = cal.arch_constants("fp8" if dtype == "fp8" else "bf16")
                 m = self._models[(name, dtype)] = OpModel(gpu, dtype=dtype, constants=c)
             except ValueError as e:  # fp8 on a GPU without fp8 tensor cores (GpuSpec.require_fp8)
                 raise TableError(str(e)) from None
@@ -260,7 +265,7 @@ def find_tables(directory: str | os.PathLike) -> list[Path]:
 
 
 def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock: str | float = "power",
-                    l2_warm: bool = True, calibration: Calibration | None = None,
+                    l2_warm: bool = True, calibration: Calibration | Calibrations | None = None,
                     dtype: str | None = None) -> list[dict]:
     """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error; ``dtype`` None: each
     file's from its name (``*_fp8.csv`` → fp8)."""

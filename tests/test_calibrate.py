@@ -779,3 +779,67 @@ def test_with_no_point_the_guard_accepts_every_group_falls_back_to_its_prior(mon
     monkeypatch.setattr(cal, "_guard", lambda *a, **k: None)
     vals = cal.fit_constants(gpu, rows, prior)
     assert vals and all(v == getattr(prior, n) for n, v in vals.items()), vals
+
+
+# ---- several GPUs' calibrations at once (--calibration once per GPU) ---------------------------------------
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module")
+def a100_cal_file(tmp_path_factory) -> Path:
+    """An A100 calibration whose DRAM efficiency is 0.8 x its family's (a file as calibrate fit writes one)."""
+    prior = constants_for(get_gpu(A100))
+    c = cal.Calibration(A100, "ampere", {"eta_mem": {"prior": prior.eta_mem, "fitted": prior.eta_mem * 0.8}},
+                        {"gemm": 32, "prefill": 0, "decode": 0}, {}, "test", "2026-12-06T00:00:00+00:00")
+    out = tmp_path_factory.mktemp("a100cal") / "a100.json"
+    c.save(out)
+    return out
+
+
+def test_one_calibration_per_gpu_on_every_command(tmp_path, cal_file, a100_cal_file):
+    both = ["--calibration", str(cal_file), "--calibration", str(a100_cal_file)]
+    # ops: a table of both GPUs, each row with its own GPU's calibration — the same figures as one file at a time
+    table = tmp_path / "both.csv"
+    table.write_text(f"device,m,n,k\n{H100},1,8192,8192\n{A100},1,8192,8192\n")
+    got = run("ops", str(table), *both)
+    assert got.returncode == 0, got.stderr
+    per_row = [float(line.split(",")[-1]) for line in got.stdout.splitlines()[1:]]
+    for i, (gpu, f) in enumerate(((H100, cal_file), (A100, a100_cal_file))):
+        one = tmp_path / f"one{i}.csv"
+        one.write_text(f"device,m,n,k\n{gpu},1,8192,8192\n")
+        alone = run("ops", str(one), "--calibration", str(f))
+        plain = run("ops", str(one))
+        assert per_row[i] == float(alone.stdout.splitlines()[1].split(",")[-1])
+        assert per_row[i] != float(plain.stdout.splitlines()[1].split(",")[-1])  # the calibration was used
+    # a GPU none of the files is for is refused, naming what each file is for; two files of one GPU too
+    l40s = tmp_path / "l40s.csv"
+    l40s.write_text("device,m,n,k\nNVIDIA L40S,1,8192,8192\n")
+    msg = one_line_error(run("ops", str(l40s), *both))
+    assert "no calibration for NVIDIA L40S" in msg and "a100.json is for NVIDIA A100" in msg
+    assert "both for NVIDIA H100" in one_line_error(run("ops", str(table), "--calibration", str(cal_file),
+                                                        "--calibration", str(cal_file)))
+    # predict picks its GPU's; says which
+    p = run("predict", "--gpu", "a100-80gb", "--model", "meta-llama/Llama-3.1-8B", "--decode", "1000x8", "--json",
+            *both)
+    assert p.returncode == 0, p.stderr
+    assert "calibration of NVIDIA A100" in json.loads(p.stdout)["calibration"]
+    # simulate --batch: each row with its GPU's calibration (the file named in the row's assumptions)
+    batch = tmp_path / "b.csv"
+    batch.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
+                     "meta-llama/Llama-3.1-8B,h100,1,256,16,2,bf16\nmeta-llama/Llama-3.1-8B,a100-80gb,1,256,16,2,bf16\n")
+    out = tmp_path / "o.csv"
+    s = run("simulate", "--batch", str(batch), "-o", str(out), *both)
+    assert s.returncode == 0, s.stderr
+    tpot = [float(r["tpot_ms"]) for r in csv.DictReader(open(out))]
+    for i, (gpu, f) in enumerate((("h100", cal_file), ("a100-80gb", a100_cal_file))):
+        one = run("simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", gpu, "--tp", "1", "--isl", "256",
+                  "--osl", "16", "--concurrency", "2", "--json", *both)
+        d = json.loads(one.stdout)
+        assert d["assumptions"]["calibration"] == str(f)
+        assert d["tpot_ms"] == pytest.approx(tpot[i], rel=1e-4)
+    # rank: each calibrated GPU among those ranked, said in the JSON
+    rank = ["rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat", "--tp", "1", "--json"]
+    r = run(*rank, "--gpus", "h100-sxm,a100-80gb,l40s", *both)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)["assumptions"]["calibrations"]) == {H100, A100}
+    assert "a100.json is for NVIDIA A100" in one_line_error(run(*rank, "--gpus", "h100-sxm", *both))

@@ -6,13 +6,14 @@ import argparse
 import csv
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import limits
 from ..validate import RowPredictor, read_table
 
 if TYPE_CHECKING:
-    from ..calibrate import Calibration
+    from ..calibration_file import Calibrations
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,20 +25,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "short bursts), 'forecast' (sustained serving load), 'boost', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true",
                    help="weights always come from DRAM (serving); default models L2 re-reads of a benchmark loop")
-    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
-                                                          "refused for rows of another GPU")
+    add_calibration_flag(p)
     p.add_argument("--dtype", choices=("bf16", "fp8"),
                    help="GEMM precision of the table's rows (default: from the file name — *_fp8.csv is fp8, "
                         "vLLM's W8A8 linear layer with its input quantisation; anything else bf16)")
 
 
-def load_calibration(path: str | None) -> Calibration | None:
-    """The calibration named by --calibration (None without the flag); a bad file is one line, exit 2."""
-    if not path:
-        return None
-    from ..calibrate import load
+def add_calibration_flag(p: argparse.ArgumentParser, what: str = "rows") -> None:
+    """--calibration, once per GPU calibrated."""
+    p.add_argument("--calibration", metavar="CAL.json", action="append",
+                   help="a GPU's own constants (m2live calibrate fit); give it once per GPU calibrated — "
+                        f"{what} of a GPU none of them is for are refused")
 
-    return load(path)
+
+def load_calibration(paths: Sequence[str] | str | None) -> Calibrations | None:
+    """The calibrations named by --calibration (None without the flag); a bad file is one line, exit 2."""
+    from ..calibration_file import Calibrations
+
+    return Calibrations.load(paths)
 
 
 def parse_clock(value: str) -> str | float:

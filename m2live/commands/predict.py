@@ -17,6 +17,7 @@ from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES, model_kv_cache_dtype, w
 from ..serving_config import parse_switch
 from ..step import Step
 from .engine_args import add_allreduce_fusion
+from .ops import add_calibration_flag
 
 _SPEC = re.compile(r"^(\d+)(?:@(\d+))?(?:x(\d+))?$")
 
@@ -46,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     clk.add_argument("--clock-mhz", help=f"live SM clock in MHz ({limits.CLOCK_MHZ.describe()})")
     clk.add_argument("--clock", choices=("forecast", "boost"), default="forecast",
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
-    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
-                                                          "refused for another GPU")
+    add_calibration_flag(p, "a GPU")
     p.add_argument("--precision", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: the fp8 "
                         "tensor peak, 1 byte per weight, the input quantisation as a light op; attention, the KV "
@@ -111,9 +111,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         r = p.predict(step, f_clk=1.0 if args.clock == "boost" else None)
         r.clock_source = args.clock
+    cal = p.ops.c.fitted_on if args.calibration else None  # what this GPU's calibration was fitted on
     if args.json:
         out = r.to_dict()
         out["step"] = {"seqs": [list(s) for s in step.seqs], **step.counts()}
+        out["calibration"] = cal
         print(json.dumps(out, indent=2))
         return 0
     c = Console(width=120)
@@ -135,5 +137,6 @@ def run(args: argparse.Namespace) -> int:
     c.print(f"f_clk = {r.f_clk:.3f} ({r.clock_mhz:.0f} of {p.gpu.boost_mhz:.0f} MHz, {r.clock_source}); "
             f"T_blocks = {r.t_blocks * 1e3:.3f} ms"
             + ("; all-reduces fused with the RMSNorms after them (vLLM's fuse_allreduce_rms)"
-               if step.num_tokens <= p.fusion_max_tokens else ""))
+               if step.num_tokens <= p.fusion_max_tokens else "")
+            + (f"; this GPU's own constants: {cal}" if cal else ""))
     return 0

@@ -54,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="write a picture: throughput vs SLO and ranked bars")
     p.add_argument("--validate", nargs="+", metavar="DIR",
                    help="instead of ranking: decision quality on measured opbench folders")
-    p.add_argument("--calibration", metavar="CAL.json", help="one GPU's own constants (m2live calibrate fit); "
-                                                          "that GPU must be among --gpus")
+    p.add_argument("--calibration", metavar="CAL.json", action="append",
+                   help="a GPU's own constants (m2live calibrate fit), once per GPU calibrated; each GPU must be "
+                        "among --gpus (the others are priced from their datasheets)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(ranking_defaults={d: p.get_default(d) for d in RANKING_ONLY})
 

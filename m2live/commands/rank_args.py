@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from ..calibration_file import Calibrations, Paths
 from ..hardware import all_gpus, get_gpu
 from ..limits import STEP_SEQS, STEP_TOKENS, digits
 from ..planner import PlanConfig, PlanError
@@ -70,19 +71,18 @@ def parse_gpus(text: str) -> list[str]:
     return out
 
 
-def calibrated_constants(path: str | None, gpus: list[str]) -> dict:
-    """GPU name -> the Predictor's constants of the calibration at ``path`` (``predictor_constants``: bf16 and
-    fp8); refused when its GPU is not among those ranked."""
-    if not path:
+def calibrated_constants(paths: Paths, gpus: list[str]) -> dict:
+    """GPU name -> the Predictor's constants of its calibration among ``paths`` (``predictor_constants``: bf16
+    and fp8); refused when a calibration's GPU is not among those ranked."""
+    cals = Calibrations.load(paths)
+    if cals is None:
         return {}
-    from ..calibrate import load
-
-    cal = load(path)
     ranked = {get_gpu(g).name for g in gpus}
-    if cal.gpu not in ranked:
-        raise PlanError(f"calibration {path} is for {cal.gpu}, which is not among the GPUs ranked "
-                        f"({', '.join(sorted(ranked))}): add it to --gpus or drop --calibration")
-    return {cal.gpu: cal.predictor_constants()}
+    for gpu, cal in cals.by_gpu.items():
+        if gpu not in ranked:
+            raise PlanError(f"calibration {cal.path} is for {gpu}, which is not among the GPUs ranked "
+                            f"({', '.join(sorted(ranked))}): add it to --gpus or drop that --calibration")
+    return {gpu: cal.predictor_constants() for gpu, cal in cals.by_gpu.items()}
 
 
 def plan_config(args: argparse.Namespace, gpus: list[str]) -> PlanConfig:

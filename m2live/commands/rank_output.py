@@ -141,6 +141,9 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
             c.print(f"  [yellow]SLO unmet[/yellow] {short(x.gpu)} tp{x.tp}: {x.reason}")
     if r.excluded:
         c.print(_excluded_table(r.excluded))
+    if cfg.constants:
+        own = "; ".join(f"{short(g)} from its {k['constants'].fitted_on}" for g, k in sorted(cfg.constants.items()))
+        c.print(f"calibrated: {own}; the other GPUs from their datasheets and their family's constants.")
     c.print(f"memory reserve: {cfg.reserve_fraction:.0%} of device memory + {reserve_label(cfg.reserve_bytes)}; the "
             "activation peak of vLLM's start-up profile; KV cache gets the rest.")
     c.print("tok/s, conc., TTFT and TPOT: m2live simulate's closed loop (vLLM V1 scheduler) at the operating point's "

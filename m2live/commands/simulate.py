@@ -51,6 +51,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..calibration_file import Calibrations, Paths
 from ..cli import one_line
 from ..efficiency import ArchConstants
 from ..hardware import GIB, GpuSpec, get_gpu
@@ -70,6 +71,7 @@ from ..simulate import (
 from ..validate import check_csv_shape
 from ..vllm_release import VllmRelease
 from .engine_args import add_allreduce_fusion, add_async_scheduling, add_vllm_version, release_arg
+from .ops import add_calibration_flag
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
@@ -134,7 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "the prefix cache")
     run.add_argument("--no-test-run", action="store_true",
                      help="no such request, or no prefix caching (the default: vLLM 0.32's benchmark sends none)")
-    p.add_argument("--calibration", metavar="CAL.json", help="a GPU calibration from 'm2live calibrate fit'")
+    add_calibration_flag(p, "configurations")
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
                                                        f"{', '.join(BATCH_OPTIONAL)}); every other column is "
@@ -207,7 +209,7 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
-            calibration: str | None = None, test_run: bool = False,
+            calibration: Paths = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
@@ -216,10 +218,10 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
+    cal_path = None  # the file of this GPU's calibration among --calibration's
     if calibration:
-        from ..calibrate import load_for
-
-        constants = load_for(calibration, gpu)
+        cal = Calibrations.load(calibration).for_gpu(gpu)
+        constants, cal_path = cal.predictor_constants(), cal.path
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, num_gpu_blocks=num_gpu_blocks, clock=clock,
                         test_run_cached=test_run, async_scheduling=async_scheduling,
@@ -231,7 +233,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         max_model_len=max_model_len, vllm_version=vllm_version)
     server = server_settings(cfg, gpu, tp)  # the predictor's graph size and fusion, as simulate settles them
     kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
-    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, server.cuda_graph_max_batch, calibration,
+    key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, server.cuda_graph_max_batch, cal_path,
            server.allreduce_fusion, kv_cache_dtype)
     pred = _PREDICTORS.get(key)
     if pred is None:
@@ -253,7 +255,7 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     r = simulate(model, gpu, tp, isl, osl, cfg, precision=weights.precision, predictor=pred)
     r.assumptions["weights"] = {"precision": weights.label, "why": weights.why}
     r.assumptions["kv_cache_dtype_why"] = kv_why
-    r.assumptions["calibration"] = str(calibration) if calibration else None  # None: the family's constants
+    r.assumptions["calibration"] = cal_path  # None: the family's constants
     return r
 
 

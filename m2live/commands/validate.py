@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..validate import score_directory
-from .ops import load_calibration, parse_clock
+from .ops import add_calibration_flag, load_calibration, parse_clock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,8 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'power' (default: the power model over the collector's burst of calls), 'forecast' "
                         "(sustained serving load), 'boost', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
-    p.add_argument("--calibration", metavar="CAL.json", help="this GPU's own constants (m2live calibrate fit); "
-                                                          "refused for tables of another GPU")
+    add_calibration_flag(p, "tables")
     p.add_argument("--dtype", choices=("bf16", "fp8"),
                    help="GEMM precision of every table (default: each file's from its name — *_fp8.csv is fp8, "
                         "vLLM's W8A8 linear layer with its input quantisation, as in opbench_fp8; else bf16)")

@@ -335,6 +335,8 @@ class Ranking:
                                     "data-centre GPUs under TP)" if c.allreduce_fusion is None else c.allreduce_fusion,
                 "steady_state": "continuous batching with chunked prefill: B decodes + B*E[p]/E[d] prefill "
                                 "tokens per step",
+                # GPU -> what its calibration was fitted on (--calibration); the others from their datasheets
+                "calibrations": {g: k["constants"].fitted_on for g, k in sorted(c.constants.items())},
                 "serving": "throughput, TTFT and TPOT from m2live.simulate (vLLM V1's scheduler, closed loop at "
                            "the operating point's concurrency, lowered until the simulated TPOT meets the SLO)",
             },
