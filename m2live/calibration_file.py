@@ -178,10 +178,12 @@ Paths = str | os.PathLike | Sequence[str | os.PathLike] | None  # --calibration:
 
 
 def path_list(paths: Paths) -> list[str]:
-    """--calibration's files as a list (a flag given once or more; None: none)."""
+    """--calibration's files as a list (a flag given once or more; None or an empty path: none — a script's
+    ``--calibration "$CAL"`` with CAL unset asks for no calibration)."""
     if not paths:
         return []
-    return [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    return [str(p) for p in given if str(p)]
 
 
 class Calibrations:

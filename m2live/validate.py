@@ -280,21 +280,23 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
             raise TableError(f"{path}: no measured rows to validate against (a header only, or every latency_ms "
                              "blank or NaN)")
         pred = rp.predict_table(table)
-        groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        unmeasured: dict[tuple[str, str], int] = {}
+        # scored per device (a table may hold several GPUs' rows, each priced as its own), kind and region
+        groups: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+        unmeasured: dict[tuple[str, str, str], int] = {}
         for kind, row, p, m in zip(table.kinds, table.rows, pred, meas, strict=True):
-            for key in ((kind, "all"), (kind, "core")) if in_core_region(kind, row) else ((kind, "all"),):
+            dev = gpu or row.get("device", "")
+            for key in (((dev, kind, "all"), (dev, kind, "core")) if in_core_region(kind, row)
+                        else ((dev, kind, "all"),)):
                 if math.isnan(m):  # a shape the table did not measure: left out, counted
                     unmeasured[key] = unmeasured.get(key, 0) + 1
                 else:
                     groups.setdefault(key, []).append((p, m))
-        device = gpu or (table.rows[0].get("device", "") if table.rows else "")
-        for (kind, region), pm in sorted(groups.items()):
+        for (device, kind, region), pm in sorted(groups.items()):
             ps, ms = zip(*pm, strict=True)
             apes = sorted(abs(p - m) / m * 100 for p, m in pm)
             results.append({
                 "file": str(path), "gpu": device, "kind": kind, "dtype": table.dtype, "region": region,
-                "rows": len(pm), "unmeasured": unmeasured.get((kind, region), 0),
+                "rows": len(pm), "unmeasured": unmeasured.get((device, kind, region), 0),
                 "mape": mape(ps, ms), "median_ape": apes[len(apes) // 2],
                 "bias": 100.0 * sum((p - m) / m for p, m in pm) / len(pm),
             })

@@ -818,6 +818,17 @@ def test_one_calibration_per_gpu_on_every_command(tmp_path, cal_file, a100_cal_f
     assert "no calibration for NVIDIA L40S" in msg and "a100.json is for NVIDIA A100" in msg
     assert "both for NVIDIA H100" in one_line_error(run("ops", str(table), "--calibration", str(cal_file),
                                                         "--calibration", str(cal_file)))
+    # an empty path is no calibration (a script's --calibration "$CAL" with CAL unset)
+    empty = run("ops", str(table), "--calibration", "")
+    assert empty.returncode == 0 and empty.stdout == run("ops", str(table)).stdout, empty.stderr
+    # validate scores a table of two GPUs per GPU, each with its own calibration
+    vdir = tmp_path / "v"
+    vdir.mkdir()
+    (vdir / "gemm_bf16.csv").write_text("device,m,n,k,latency_ms\n" + "".join(
+        f"{g},{m},8192,8192,{ms}\n" for g in (H100, A100) for m, ms in ((1, 0.06), (4096, 0.9))))
+    v = run("validate", str(vdir), "--json", *both)
+    assert v.returncode == 0, v.stderr
+    assert {(r["gpu"], r["rows"]) for r in json.loads(v.stdout) if r["region"] == "all"} == {(H100, 2), (A100, 2)}
     # predict picks its GPU's; says which
     p = run("predict", "--gpu", "a100-80gb", "--model", "meta-llama/Llama-3.1-8B", "--decode", "1000x8", "--json",
             *both)
@@ -828,6 +839,9 @@ def test_one_calibration_per_gpu_on_every_command(tmp_path, cal_file, a100_cal_f
     batch.write_text("model,gpu,tp,isl,osl,concurrency,precision\n"
                      "meta-llama/Llama-3.1-8B,h100,1,256,16,2,bf16\nmeta-llama/Llama-3.1-8B,a100-80gb,1,256,16,2,bf16\n")
     out = tmp_path / "o.csv"
+    twice = run("simulate", "--batch", str(batch), "-o", str(out), "--calibration", str(cal_file),
+                "--calibration", str(cal_file))  # a bad --calibration is one line before any row, not one a row
+    assert "both for NVIDIA H100" in one_line_error(twice) and not out.exists()
     s = run("simulate", "--batch", str(batch), "-o", str(out), *both)
     assert s.returncode == 0, s.stderr
     tpot = [float(r["tpot_ms"]) for r in csv.DictReader(open(out))]

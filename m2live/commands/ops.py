@@ -31,11 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "vLLM's W8A8 linear layer with its input quantisation; anything else bf16)")
 
 
-def add_calibration_flag(p: argparse.ArgumentParser, what: str = "rows") -> None:
-    """--calibration, once per GPU calibrated."""
+def add_calibration_flag(p: argparse.ArgumentParser, refused: str = "rows of a GPU none of them is for are") -> None:
+    """--calibration, once per GPU calibrated (``refused``: what is refused, as the help says it)."""
     p.add_argument("--calibration", metavar="CAL.json", action="append",
-                   help="a GPU's own constants (m2live calibrate fit); give it once per GPU calibrated — "
-                        f"{what} of a GPU none of them is for are refused")
+                   help=f"a GPU's own constants (m2live calibrate fit); give it once per GPU calibrated — {refused} "
+                        "refused")
 
 
 def load_calibration(paths: Sequence[str] | str | None) -> Calibrations | None:

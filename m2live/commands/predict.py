@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import limits
-from ..calibrate import load_for
+from ..calibration_file import Calibrations
 from ..hardware import tp_beyond_node
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES, model_kv_cache_dtype, weights_for
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     clk.add_argument("--clock-mhz", help=f"live SM clock in MHz ({limits.CLOCK_MHZ.describe()})")
     clk.add_argument("--clock", choices=("forecast", "boost"), default="forecast",
                      help="clock source when no --clock-mhz (default: forecast from the power cap)")
-    add_calibration_flag(p, "a GPU")
+    add_calibration_flag(p, "a GPU none of them is for is")
     p.add_argument("--precision", choices=("bf16", "fp8"),
                    help="linear-layer weights: bf16, or fp8 (vLLM's W8A8 e4m3 with per-tensor scales: the fp8 "
                         "tensor peak, 1 byte per weight, the input quantisation as a light op; attention, the KV "
@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     tp = int(limits.TP.parse(args.tp, "--tp"))
     clock_mhz = None if args.clock_mhz is None else float(limits.CLOCK_MHZ.parse(args.clock_mhz, "--clock-mhz"))
     w = weights_for(args.precision, args.model)
-    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **load_for(args.calibration, args.gpu),
+    cals = Calibrations.load(args.calibration)
+    own = cals.for_gpu(args.gpu) if cals else None  # this GPU's calibration among --calibration's
+    p = Predictor.for_gpu(args.gpu, model=args.model, tp=tp, **(own.predictor_constants() if own else {}),
                           dtype=w.precision, act_scale=w.act_scale,
                           kv_cache_dtype=model_kv_cache_dtype(args.kv_cache_dtype, args.model)[0],
                           allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"))
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         r = p.predict(step, f_clk=1.0 if args.clock == "boost" else None)
         r.clock_source = args.clock
-    cal = p.ops.c.fitted_on if args.calibration else None  # what this GPU's calibration was fitted on
+    cal = p.ops.c.fitted_on if own else None  # what this GPU's calibration was fitted on
     if args.json:
         out = r.to_dict()
         out["step"] = {"seqs": [list(s) for s in step.seqs], **step.counts()}

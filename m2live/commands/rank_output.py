@@ -143,7 +143,9 @@ def print_ranking(r: Ranking, top: int = 0) -> None:
         c.print(_excluded_table(r.excluded))
     if cfg.constants:
         own = "; ".join(f"{short(g)} from its {k['constants'].fitted_on}" for g, k in sorted(cfg.constants.items()))
-        c.print(f"calibrated: {own}; the other GPUs from their datasheets and their family's constants.")
+        rest = {x.gpu for x in (*r.layouts, *r.excluded)} - set(cfg.constants)
+        c.print(f"calibrated: {own}" + ("; the other GPUs from their datasheets and their family's constants."
+                                         if rest else "."))
     c.print(f"memory reserve: {cfg.reserve_fraction:.0%} of device memory + {reserve_label(cfg.reserve_bytes)}; the "
             "activation peak of vLLM's start-up profile; KV cache gets the rest.")
     c.print("tok/s, conc., TTFT and TPOT: m2live simulate's closed loop (vLLM V1 scheduler) at the operating point's "

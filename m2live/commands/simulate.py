@@ -3,7 +3,7 @@
   m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
                   [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N]
                   [--kv-cache-gib G | --num-gpu-blocks-override K]
-                  [--calibration CAL.json] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
+                  [--calibration CAL.json ...] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
   m2live simulate --batch FILE.csv -o OUT.csv [any flag above but the configuration's own (model, GPU, TP,
                   lengths, concurrency) and --json: it holds for every row whose cell for it is blank, absent or
                   auto; a row's num_gpu_blocks_override cell wins over --kv-cache-gib]
@@ -136,7 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "the prefix cache")
     run.add_argument("--no-test-run", action="store_true",
                      help="no such request, or no prefix caching (the default: vLLM 0.32's benchmark sends none)")
-    add_calibration_flag(p, "configurations")
+    add_calibration_flag(p, "configurations on a GPU none of them is for are")
     p.add_argument("--batch", metavar="FILE.csv", help=f"one configuration per row: columns "
                                                        f"{', '.join(BATCH_COLUMNS)} (optional "
                                                        f"{', '.join(BATCH_OPTIONAL)}); every other column is "
@@ -209,7 +209,7 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
-            calibration: Paths = None, test_run: bool = False,
+            calibration: Paths | Calibrations = None, test_run: bool = False,
             async_scheduling: bool | None = None, allreduce_fusion: bool | None = None,
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
@@ -219,8 +219,9 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
     cal_path = None  # the file of this GPU's calibration among --calibration's
-    if calibration:
-        cal = Calibrations.load(calibration).for_gpu(gpu)
+    cals = calibration if isinstance(calibration, Calibrations) else Calibrations.load(calibration)
+    if cals is not None:
+        cal = cals.for_gpu(gpu)
         constants, cal_path = cal.predictor_constants(), cal.path
     cfg = ServingConfig(concurrency=concurrency, num_prompts=num_prompts, max_num_batched_tokens=max_tokens,
                         max_num_seqs=max_seqs, num_gpu_blocks=num_gpu_blocks, clock=clock,
@@ -293,7 +294,8 @@ def _flag_settings(args: argparse.Namespace) -> dict:
                 num_prompts=_opt_int(args.num_prompts, "--num-prompts"),
                 kv_gib=opt(KV_CACHE_GIB, args.kv_cache_gib, "--kv-cache-gib"),
                 frontend_ms=opt(FRONTEND_MS, args.frontend_ms, "--frontend-ms"),
-                clock=args.clock, calibration=args.calibration, test_run=args.test_run,
+                clock=args.clock, test_run=args.test_run,
+                calibration=Calibrations.load(args.calibration),  # read once: a bad file is named before any row
                 async_scheduling=parse_switch(args.async_scheduling, "--async-scheduling"),
                 allreduce_fusion=parse_switch(args.allreduce_fusion, "--allreduce-fusion"),
                 tokenize_us=opt(TOKENIZE_US, args.tokenize_us, "--tokenize-us"),

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'power' (default: the power model over the collector's burst of calls), 'forecast' "
                         "(sustained serving load), 'boost', or an SM clock in MHz")
     p.add_argument("--cold", action="store_true", help="no L2 re-reads (serving conditions)")
-    add_calibration_flag(p, "tables")
+    add_calibration_flag(p, "rows of a GPU none of them is for are")
     p.add_argument("--dtype", choices=("bf16", "fp8"),
                    help="GEMM precision of every table (default: each file's from its name — *_fp8.csv is fp8, "
                         "vLLM's W8A8 linear layer with its input quantisation, as in opbench_fp8; else bf16)")
