@@ -171,8 +171,9 @@ class ArchConstants:
     # heads into a tile of the smallest listed size that holds them, and a larger tile slows each CTA's pass over
     # its KV (its stream rate is cta_bw / cost). Empty: one rate for every group size
     decode_tile_cost: tuple[tuple[int, float], ...] = ()
-    # order in which prefill query tiles reach the SMs: "grid" (a plain grid, each sequence's tiles shortest
-    # first: a long tile can be dispatched last) or "lpt" (a persistent scheduler hands out the longest first)
+    # order in which prefill query tiles reach the SMs: "grid" (a plain grid, FA2's: head by head, each sequence's
+    # tiles shortest first — a long tile can be dispatched last) or "lpt" (a persistent scheduler, FA3's: sequence
+    # by sequence, each head's tiles longest first, to whichever SM frees first)
     attn_tile_order: str = "grid"
     # bytes per SM per SM clock the kernels stream out of L2 when a benchmark loop re-reads an operand that fits:
     # 19.0 fitted on the B300 GEMM table (126.5 MB of L2 holds six copies of weights up to 21 MB; it fits
@@ -285,8 +286,11 @@ ARCH: dict[str, ArchConstants] = {
         # (softmax_serial, operators.FA2_SOFTMAX_FP32_OPS: priced from the SFU and FP32 rates of the GPU, so it
         # weighs less on an SM with more FP32 lanes or slower tensor cores — Ada, GB202). Refitted with it
         # (2026-12-05, --gpus a100_sxm --groups attention --only eta_attn,k0_attn,block_cost, every row):
-        # eta_attn 0.609 -> 0.834, k0_attn 169 -> 232; A100 prefill 4.62 -> 4.64 %, decode 4.96 -> 4.95 %
-        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.833918, k0_attn=231.685, eta_attn_mem=0.810652,
+        # eta_attn 0.609 -> 0.834, k0_attn 169 -> 232; A100 prefill 4.62 -> 4.64 %, decode 4.96 -> 4.95 %.
+        # Refitted (2026-12-06, --gpus a100_sxm,b300_sxm --groups attention --only eta_attn,k0_attn) once small
+        # grids were list-scheduled (OpModel._list_makespan): eta_attn 0.834 -> 0.833, k0_attn 232 -> 227; A100
+        # prefill 4.64 -> 4.43 % (the list schedule alone: 4.44), decode 4.95 % unchanged
+        t_attn=1.224e-05, t_attn_over=8.568e-06, eta_attn=0.833227, k0_attn=226.987, eta_attn_mem=0.810652,
         item_cost=3.4771e-06, block_cost=3.14942e-07, cta_bw=2.214e+10, t_split=5.541e-06, t_relayout=6.264e-06,
         t_cache_cta=4.54008e-06, t_ramp_kv=8.114e-07, item_overlap=3.97535,
         split_needs_gqa=True,  # FlashAttention-2 varlen decode: split-KV only when heads > KV heads
@@ -343,8 +347,10 @@ ARCH: dict[str, ArchConstants] = {
         # eta_attn_mem sits at its bound 1.0; with the KV ramp the table's longest streams (4.3 GB) come out at 0.97
         # of the datasheet bandwidth, measured 0.94-0.95. cta_bw now binds (49 GB/s a CTA; it had run off to
         # 3.6e13): one sequence over a long KV, split into at most 32 CTAs (decode_max_splits), streams at most
-        # ~1.6 TB/s
-        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.734121, k0_attn=448.147, eta_attn_mem=1.0,
+        # ~1.6 TB/s. eta_attn and k0_attn refitted (2026-12-06, bench/fit_constants.py --gpus h100_sxm --groups
+        # attention --only eta_attn,k0_attn) once small grids were list-scheduled in FA3's order (attn_tile_order
+        # "lpt", below): 0.734 -> 0.719, 448 -> 434; H100 prefill 5.35 -> 5.09 %, decode 5.64 % unchanged
+        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.719352, k0_attn=433.682, eta_attn_mem=1.0,
         item_cost=3.74910e-06, block_cost=2.76566e-06, cta_bw=4.87933e+10, t_split=2.65411e-06,
         t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.48985,
         # vLLM decodes under a full CUDA graph, where it caps FA3's KV splits at 32 (decode_max_splits; the
@@ -360,6 +366,11 @@ ARCH: dict[str, ArchConstants] = {
         # (fa3_splits; query heads packed per KV head on a paged cache): H100 prefill 8.04 -> 7.87 % with the
         # constants as fitted (eta_attn, k0_attn, block_cost refitted: 7.87 %, not moved)
         prefill_split=True,
+        # FA3's causal kernels run a persistent tile scheduler (hopper/tile_scheduler.hpp: each SM takes the next
+        # tile when it frees, "longest-processing-time-first", a sequence's query blocks last to first): small
+        # grids list-scheduled in that order (OpModel._list_makespan) price the H100's prefill 5.35 -> 5.13 %
+        # with the constants as fitted, against 5.73 % in the FA2 grid's order
+        attn_tile_order="lpt",
         attn_mixed_one_call=True,  # FA3 in vLLM's FLASH_ATTN backend, as FA2: one varlen call for the whole batch
         memory="HBM3", fitted_on="opbench h100_sxm (NVIDIA H100 80GB HBM3), bench/fit_constants.py",
     ),
@@ -381,8 +392,10 @@ ARCH: dict[str, ArchConstants] = {
         # fit_constants.py --groups attention --max-rows 8000; a 2500-row sample of each kind before): decode
         # 4.70 -> 4.53 %, prefill 5.65 -> 5.68 % (one objective over both kinds)
         # (then item_overlap with item_cost, eta_attn_mem, t_ramp_kv: --only those four, all rows: decode 4.53 ->
-        # 4.48 %; prefill unchanged)
-        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.83714, k0_attn=587.904, eta_attn_mem=0.957833,
+        # 4.48 %; prefill unchanged). eta_attn and k0_attn refitted (2026-12-06, with the A100's, above) once small
+        # grids were list-scheduled: 0.837 -> 0.877, 588 -> 613; B300 prefill 5.68 -> 5.39 % (the list schedule
+        # alone: 5.64), decode 4.48 % unchanged
+        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.957833,
         item_cost=1.53163e-06, block_cost=8.48454e-07, cta_bw=9.32746e+10, t_split=0.0, t_merge=8.96655e-08,
         t_cache_cta=1.6876e-06, t_ramp_kv=1.00068e-06, l2_kv_bytes_per_clk=39.7028, item_overlap=6.52455,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own

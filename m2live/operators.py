@@ -19,6 +19,7 @@ composes its operators into whole steps.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -94,6 +95,13 @@ def branch(t_compute: float, t_memory: float, t_fixed: float) -> str:
     return "compute" if t_compute >= t_memory else "memory"
 
 
+# Grids of at most this many query tiles per SM have their makespan list-scheduled (OpModel._list_makespan), those
+# of up to twice as many a blend of that and the closed-form bound (_tile_makespan_fill), larger ones the bound: it
+# is within 2 % of the list schedule from 6 tiles per SM up on the A100's table, and costs nothing (a step
+# predictor's hot path: the list schedule of 12 tiles per SM takes ~0.1-0.3 ms, once per step shape). 12 was
+# chosen on the A100's and B300's prefill tables among 6 / 8 / 12 (A100 4.48 / 4.45 / 4.43 %, B300 5.47 / 5.44 /
+# 5.39 %, refitted constants)
+LIST_SCHEDULE_TILES_PER_SM = 12
 CACHE_ENTRIES = 65536  # a per-shape cache is emptied when it holds more (a long run's shapes never pile up)
 
 
@@ -152,6 +160,7 @@ class OpModel:
         self._softmax_costs: dict[int, float] = {}  # _softmax_cost per head dim
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
+        self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
 
     # ---- GEMM -----------------------------------------------------------------------------------
     def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float, float]:
@@ -301,7 +310,16 @@ class OpModel:
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
         split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self._sms) if c.prefill_split else 1
         tiles = packed * kv_heads if pack else ctas * heads
-        wave = self._tile_makespan_fill(tiles * split, (flops + ovh) / (4.0 * head_dim), u_max / split)
+        work = (flops + ovh) / (4.0 * head_dim)
+        lim = LIST_SCHEDULE_TILES_PER_SM * self._sms
+        if split == 1 and tiles < 2 * lim:  # a small grid: its tail list-scheduled
+            span = self._list_makespan(seqs, kv_heads if pack else heads, group if pack else 1, k0, work)
+            if tiles > lim:  # towards the closed form, which is within 2 % by then: no step in the time at lim
+                w = (tiles - lim) / lim
+                span = (1.0 - w) * span + w * work / (self._sms * self._tile_makespan_fill(tiles, work, u_max))
+            wave = work / (self._sms * span)
+        else:
+            wave = self._tile_makespan_fill(tiles * split, work, u_max / split)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
@@ -433,6 +451,41 @@ class OpModel:
         if self.c.attn_tile_order == "grid":
             t = max(t, work / sms + u_max - mean)
         return work / (sms * t)
+
+    def _list_makespan(self, seqs: list[tuple[int, int]], heads: int, group: int, k0: float, work: float) -> float:
+        """Makespan, in the work units of ``_tile_makespan_fill``, of a small prefill grid (``heads`` grid heads,
+        ``group`` query heads packed into each tile's rows) dispatched in its kernel's order (``attn_tile_order``:
+        FlashAttention-2's grid, or FA3's longest-first persistent scheduler), each tile to the SM that frees
+        first (greedy list scheduling, one tile per SM at a time). The closed-form bound is tight on large grids
+        but short on small ones, whose last long tiles start late: on the A100's table, at 1-2 / 2-6 / 6-20 tiles
+        per SM the list schedule is 11 / 7 / 2 % longer, and those rows (prompts of 1 K tokens or more) were
+        predicted 8.3 / 8.1 / 1.8 % short. Up to LIST_SCHEDULE_TILES_PER_SM tiles per SM every tile is scheduled; past it,
+        the last that many after the others' ``work`` spread evenly (the caller blends that into the closed form
+        by twice as many, so that one more head or sequence never shortens the time). Cached per (chunks, heads)."""
+        key = (tuple(seqs), heads, group)
+        hit = self._makespan_cache.get(key)
+        if hit is not None:
+            return hit
+        bm, pad = self.c.attn_block_m, self.c.attn_row_pad
+        lpt = self.c.attn_tile_order == "lpt"
+        per_seq = []  # each sequence's tiles (keys each query row reads, plus the prologue's), in dispatch order
+        for new, ctx in seqs:
+            padded = pad and new > 1
+            rows = new * group  # (position, query head) rows: a KV head's query heads packed (prefill_pack_gqa)
+            tiles = [r * (ctx + s0 / group + (r / group + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
+                     for s0, r in ((s0, min(bm, rows - s0)) for s0 in range(0, rows, bm))]
+            per_seq.append(tiles[::-1] if lpt else tiles)
+        # FlashAttention-2's grid (blockIdx.x the query block, then the sequence, then the head): head by head, each
+        # sequence's tiles in turn; FA3's varlen scheduler: sequence by sequence, each head's tiles longest first
+        # ("lpt"), taken by whichever SM frees first
+        order = ([t for s in per_seq for _ in range(heads) for t in s] if lpt
+                 else [t for _ in range(heads) for s in per_seq for t in s])
+        tail = order[-LIST_SCHEDULE_TILES_PER_SM * self._sms:]
+        bulk = max(0.0, work - sum(tail)) / self._sms  # the tiles before the tail, spread evenly
+        free = [bulk] * self._sms  # when each SM frees (a heap)
+        for u in tail:
+            heapq.heapreplace(free, free[0] + u)
+        return remember(self._makespan_cache, key, max(free))
 
     def _attn(self, tc: float, tm: float, factors: dict[str, float], t_after: float = 0.0) -> OpTime:
         """An attention call: its body plus a fixed part, never below the call's floor, plus the serial
