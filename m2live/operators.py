@@ -23,6 +23,7 @@ import heapq
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from .efficiency import (
@@ -470,21 +471,30 @@ class OpModel:
         lpt = self.c.attn_tile_order == "lpt"
         per_seq = []  # each sequence's tiles (keys each query row reads, plus the prologue's), in dispatch order
         for new, ctx in seqs:
-            padded = pad and new > 1
             rows = new * group  # (position, query head) rows: a KV head's query heads packed (prefill_pack_gqa)
-            tiles = [r * (ctx + s0 / group + (r / group + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
-                     for s0, r in ((s0, min(bm, rows - s0)) for s0 in range(0, rows, bm))]
+            full = bm * (ctx + (bm / group + 1) / 2.0) + k0 * bm  # a full tile at s0 = 0; each next one reads
+            step = bm * bm / group  # bm / group more keys a row
+            n_full = rows // bm
+            tiles = [full + i * step for i in range(n_full)]
+            if rows > n_full * bm:  # the last, partial tile (its rows' prologue padded to the kernel's row block)
+                s0, r = n_full * bm, rows - n_full * bm
+                tiles.append(r * (ctx + s0 / group + (r / group + 1) / 2.0)
+                             + k0 * (-(-r // pad) * pad if pad and new > 1 else r))
             per_seq.append(tiles[::-1] if lpt else tiles)
         # FlashAttention-2's grid (blockIdx.x the query block, then the sequence, then the head): head by head, each
         # sequence's tiles in turn; FA3's varlen scheduler: sequence by sequence, each head's tiles longest first
         # ("lpt"), taken by whichever SM frees first
-        order = ([t for s in per_seq for _ in range(heads) for t in s] if lpt
-                 else [t for _ in range(heads) for s in per_seq for t in s])
-        tail = order[-LIST_SCHEDULE_TILES_PER_SM * self._sms:]
-        bulk = max(0.0, work - sum(tail)) / self._sms  # the tiles before the tail, spread evenly
-        free = [bulk] * self._sms  # when each SM frees (a heap)
-        for u in tail:
-            heapq.heapreplace(free, free[0] + u)
+        order = (list(chain.from_iterable(s * heads for s in per_seq)) if lpt
+                 else list(chain.from_iterable(per_seq)) * heads)
+        sms = self._sms
+        tail = order[-LIST_SCHEDULE_TILES_PER_SM * sms:]
+        bulk = max(0.0, work - sum(tail)) / sms  # the tiles before the tail, spread evenly
+        free = [bulk + u for u in tail[:sms]]  # when each SM frees: the first tiles one to an SM (a heap)
+        free += [bulk] * (sms - len(free))
+        heapq.heapify(free)
+        replace_min = heapq.heapreplace
+        for u in tail[sms:]:
+            replace_min(free, free[0] + u)
         return remember(self._makespan_cache, key, max(free))
 
     def _attn(self, tc: float, tm: float, factors: dict[str, float], t_after: float = 0.0) -> OpTime:
