@@ -35,7 +35,6 @@ from .calibration_file import (
     Calibration,
     fp8_prior,
     load,
-    load_for,
     read_rows,
     rows_from_tables,
 )
@@ -444,6 +443,6 @@ __all__ = [  # every name m2live.calibrate offers (the bench, tests and commands
     "ROW_KIND", "SCHEMA", "SHAPE_COLS", "SIGMA", "SIGMA_DEFAULT", "TABLE_KIND", "ArchConstants",
     "Calibration", "CalibrationError", "GpuSpec", "OpModel", "Params", "Row", "active", "carry_to_fp8",
     "constants_for", "fit", "fit_constants", "fit_precisions", "fp8_prior", "get_gpu", "grid_rows", "kinds_for",
-    "load", "load_for", "medoids", "plan", "predict_rows", "read_rows", "read_table", "regime", "replace",
+    "load", "medoids", "plan", "predict_rows", "read_rows", "read_table", "regime", "replace",
     "row_kind", "rows_from_tables", "score", "shape_features", "shape_key", "write_plan",
 ]

@@ -3,8 +3,8 @@
 - ``read_rows(DIR, gpu)``: the measured rows of DIR's opbench tables (any subset of ``FILES``), checked to be of
   that GPU, with at least ``MIN_ROWS`` per kind; ``rows_from_tables`` for the bench and tests.
 - ``Calibration``: the JSON (``SCHEMA``; ``load`` / ``save``, validated on load), ``arch_constants()`` gives the
-  ``ArchConstants`` to predict with; ``check_gpu`` (and ``load_for``) refuse a calibration of another GPU; ``Calibrations``: one per GPU, as
-  --calibration names them (the flag given once per file).
+  ``ArchConstants`` to predict with; ``check_gpu`` refuses a calibration of another GPU.
+- ``Calibrations``: one per GPU, as --calibration names them (the flag given once per file); ``for_gpu``.
 """
 
 from __future__ import annotations
@@ -177,15 +177,6 @@ def load(path: str | os.PathLike) -> Calibration:
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | None  # --calibration: one file, or one per GPU
 
 
-def path_list(paths: Paths) -> list[str]:
-    """--calibration's files as a list (a flag given once or more; None or an empty path: none — a script's
-    ``--calibration "$CAL"`` with CAL unset asks for no calibration)."""
-    if not paths:
-        return []
-    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    return [str(p) for p in given if str(p)]
-
-
 class Calibrations:
     """The calibrations --calibration names, one per GPU (the flag given once per file): a command over several
     GPUs (``rank``, ``simulate --batch``, a table of several devices) predicts each with its own, and a GPU with
@@ -202,8 +193,10 @@ class Calibrations:
 
     @classmethod
     def load(cls, paths: Paths) -> Calibrations | None:
-        """The files at ``paths`` (None when there are none)."""
-        files = path_list(paths)
+        """The files at ``paths``, one or several (None when there are none; an empty path is none — a script's
+        ``--calibration "$CAL"`` with CAL unset asks for no calibration)."""
+        given = [] if not paths else [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        files = [str(p) for p in given if str(p)]
         return cls(load(p) for p in files) if files else None
 
     def for_gpu(self, gpu: GpuSpec | str) -> Calibration:
@@ -219,13 +212,6 @@ class Calibrations:
             raise CalibrationError(f"no calibration for {name} ({given}): calibrate this GPU with "
                                    "`m2live calibrate plan/fit` or drop --calibration")
         return cal
-
-
-def load_for(paths: Paths, gpu: GpuSpec | str) -> dict[str, ArchConstants]:
-    """``Predictor``'s constants keyword arguments for ``gpu`` under its calibration among ``paths`` ({}: no
-    calibration; ``Calibration.predictor_constants``); refuses when none of them is for this GPU."""
-    cals = Calibrations.load(paths)
-    return cals.for_gpu(gpu).predictor_constants() if cals else {}
 
 
 # ---- reading measured tables --------------------------------------------------------------------------------

@@ -6,14 +6,10 @@ import argparse
 import csv
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .. import limits
+from ..calibration_file import Calibrations
 from ..validate import RowPredictor, read_table
-
-if TYPE_CHECKING:
-    from ..calibration_file import Calibrations
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,13 +34,6 @@ def add_calibration_flag(p: argparse.ArgumentParser, refused: str = "rows of a G
                         "refused")
 
 
-def load_calibration(paths: Sequence[str] | str | None) -> Calibrations | None:
-    """The calibrations named by --calibration (None without the flag); a bad file is one line, exit 2."""
-    from ..calibration_file import Calibrations
-
-    return Calibrations.load(paths)
-
-
 def parse_clock(value: str) -> str | float:
     if value in ("power", "boost", "forecast"):
         return value
@@ -61,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if not table.rows:
         raise ValueError(f"{args.file}: no rows to predict (the table has a header only)")
     rp = RowPredictor(args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,
-                      calibration=load_calibration(args.calibration))
+                      calibration=Calibrations.load(args.calibration))
     pred = rp.predict_table(table)  # everything computed before anything is written: no half-written output
     header = [c for c in table.header if c != "predicted_ms"] + ["predicted_ms"]
     where = args.output or "stdout"

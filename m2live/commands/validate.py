@@ -9,8 +9,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from ..calibration_file import Calibrations
 from ..validate import score_directory
-from .ops import add_calibration_flag, load_calibration, parse_clock
+from .ops import add_calibration_flag, parse_clock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     results = score_directory(args.directory, gpu=args.gpu, clock=parse_clock(args.clock), l2_warm=not args.cold,
-                               calibration=load_calibration(args.calibration), dtype=args.dtype)
+                               calibration=Calibrations.load(args.calibration), dtype=args.dtype)
     for r in results:  # on stderr with --json too: the scores are over fewer rows than the table holds
         if r["region"] == "all" and r["unmeasured"]:
             print(f"m2live validate: {r['file']}: {r['unmeasured']} {r['kind']} rows without a measurement "
