@@ -2,7 +2,12 @@
 
 Steps of Llama-3.1-8B on H100-SXM: a mixed chunked-prefill step (one 2048-token chunk + 64 decodes), a pure
 decode step (256 sequences), and the fast total-only path the admission controller uses. Each is timed
-individually (perf_counter_ns) after a warm-up; median and p99 in microseconds.
+individually (perf_counter_ns) after a warm-up; median and p99 in microseconds. Those steps repeat, so every
+shape-keyed cache (GEMM tiles per token count, the prefill grid's list schedule per chunk set) is warm: a serving
+engine's decode steps are like that. A step whose prefill chunks were never seen pays for them once:
+``*_new_shapes`` times such steps (each a chunk of a length and context not seen before, with 64 decodes), and
+``admission_decide_new_shapes`` one admission decision per step over a queue whose running chunk moves on every
+step (vLLM's defaults, SLO 25 ms: the budget search prices 3-8 candidate steps of new shapes).
 
     .venv/bin/python bench/speed.py --out results/speed.json
 """
@@ -22,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from m2live import Predictor, Step  # noqa: E402
+from m2live.admission import AdmissionController, QueueView  # noqa: E402
 from m2live.cpu_device import _cpuinfo  # noqa: E402
 
 
@@ -36,6 +42,53 @@ def timeit(fn, n: int) -> dict[str, float]:
     samples.sort()
     return {"median_us": round(statistics.median(samples), 2), "p99_us": round(samples[int(0.99 * len(samples))], 2),
             "n": n}
+
+
+def time_new_shapes(gpu: str, model: str, n: int) -> dict[str, float | int]:
+    """Full-step and total-only predictions of steps whose prefill chunk was never seen (caches cold for it)."""
+    rng = random.Random(1)
+    out: dict[str, float | int] = {}
+    for name, breakdown in (("predict_full_breakdown", True), ("predict_total_fast_path", False)):
+        p = Predictor.for_gpu(gpu, model=model)
+        steps = [Step.build([(rng.randint(256, 4096), rng.choice((0, rng.randint(1, 8192))))],
+                            [rng.randint(100, 4000) for _ in range(64)]) for _ in range(n)]
+        samples = []
+        for s in steps:
+            t0 = time.perf_counter_ns()
+            if breakdown:
+                p.predict(s, f_clk=0.85)
+            else:
+                p.predict_total(s, 0.85)
+            samples.append((time.perf_counter_ns() - t0) / 1e3)
+        samples.sort()
+        out[f"{name}_median_us"] = round(statistics.median(samples), 1)
+        out[f"{name}_p99_us"] = round(samples[int(0.99 * len(samples))], 1)
+    out["n"] = n
+    return out
+
+
+def time_admission(gpu: str, model: str, n: int) -> dict[str, float | int]:
+    """One admission decision per step; the running prompt's chunk moves on each step, three 4 K prompts wait."""
+    p = Predictor.for_gpu(gpu, model=model)
+    ac = AdmissionController(p, None, slo_s=0.025)
+    rng = random.Random(2)
+    ctx = [rng.randint(100, 3000) for _ in range(48)]
+    done, samples, evals, steps = 0, [], [], []
+    for _ in range(n):
+        ctx = [c + 1 for c in ctx]
+        done = (done + 517) % 4096
+        view = QueueView(ctx, [(4096 - done, done)] if done else [], [4096] * 3, 8192, 256)
+        t0 = time.perf_counter_ns()
+        d = ac.decide(view, None)
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+        evals.append(d.evaluations)
+        steps.append(d.predicted_s * 1e6)
+    med = statistics.median(samples)
+    samples.sort()
+    return {"median_us": round(med, 1), "p90_us": round(samples[int(0.9 * len(samples))], 1),
+            "evaluations_mean": round(statistics.mean(evals), 2),
+            "predicted_step_median_us": round(statistics.median(steps), 1),
+            "fraction_of_step_median": round(med / statistics.median(steps), 4), "n": n}
 
 
 def main() -> int:
@@ -58,6 +111,8 @@ def main() -> int:
         "predict_full_breakdown_small_512+8": timeit(lambda: p.predict(small, f_clk=0.85), args.n),
         "predict_forecast_clock_mixed": timeit(lambda: p.predict(mixed), args.n // 2),
         "predict_total_fast_path_mixed": timeit(lambda: p.predict_total(mixed, 0.85), args.n),
+        "mixed_new_shapes": time_new_shapes(p.gpu.name, p.model.name, max(200, args.n // 10)),
+        "admission_decide_new_shapes": time_admission(p.gpu.name, p.model.name, max(200, args.n // 20)),
     }
     res["median_us"] = res["predict_full_breakdown_mixed_2048+64"]["median_us"]
     res["p99_us"] = res["predict_full_breakdown_mixed_2048+64"]["p99_us"]
