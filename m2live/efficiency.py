@@ -120,6 +120,11 @@ class ArchConstants:
     # the stages (Little's law for one CTA). An SM's other tiles hide that wait, so it binds where the SM's MMAs
     # over all its tiles are faster — a wave or so of small tiles on fast tensor cores. 0: never binds
     t_kiter: float = 0.0
+    # the share a GEMM's main loop slows by per unit of the out-of-bounds share of its last row of activation
+    # tiles (M not a multiple of the tile's rows: a tile whose activation box reaches past M loads it through
+    # the tensor memory accelerator's boundary-checked path); 0: no such cost (a kernel fact fitted once, on the
+    # one table that shows it: opbench_fp8 h100_sxm; never transferred — FP8_KERNEL_FITTED)
+    tma_oob: float = 0.0
     # decode attention's KV stream: Little's law for the whole kernel, as the GEMMs' t_ramp — a stream of W bytes
     # reaches eta_attn_mem only with BW * t_ramp_kv bytes in flight, so it takes (W + sqrt(W * BW * t_ramp_kv)) /
     # (BW * eta_attn_mem) (OpModel._kv_stream_time). 0: every KV stream at its ceiling at once
@@ -887,10 +892,23 @@ def forecast_clock_ratio(
 # 5.68 -> 5.20 % (M = 257 -13 -> +3 %, 513 -14 -> -2 %), leave-one-GPU-out B300 <- H100 7.33 -> 7.21 %,
 # H100 <- B300 9.04 -> 9.22 %. Not modelled: the B300's M = 1 rows run 3x slower than its M = 2 rows (17.9 vs
 # 5.6 us at N = K = 1024) and come out 56 % fast.
+# Then (2026-12-06) the H100's ragged M (tma_oob, a kernel fact fitted on opbench_fp8 h100_sxm, every region row,
+# bench/fit_fp8.py --gpus h100_sxm --max-rows 15000): two GEMMs that run the same grid of tiles are not equally
+# fast — M = 513 and 768 (six 128-row tile rows each) take 56.5 and 41.2 us at N = 2560, K = 8192, M = 129 and 256
+# take 87.8 and 63.2 us at N = 16384, K = 8192 — the one whose last tile row is mostly past M is the slower, by
+# more the emptier that row (M = 129 / 160 / 192 / 224 against 256: x1.39 / 1.29 / 1.16 / 1.10), and only where
+# most SMs have a tile (M = 129 at N <= 4096, <= 64 tiles on 132 SMs: as fast as M = 256). DeepGEMM's maintainers
+# say the same of Hopper's TMA: loads under its boundary check are slower than padded ones (deepseek-ai/DeepGEMM
+# issue 35). Priced as a main loop 1 + tma_oob x (out-of-bounds share of the last tile row) x (share of SMs with a
+# tile) times slower, compute and stream alike (OpModel._gemm_base): tma_oob 0.16; the rest of the group refitted
+# with it: H100 fp8 6.75 -> 5.91 % (M = 256 / 512 / 768 +11.8 / +11.7 / +9.8 -> +7.8 / +7.8 / +5.9 %, 257 / 513 / 769
+# -7.2 / -9.4 / -11.0 -> -3.1 / -4.0 / -5.2 %); leave-one-GPU-out H100 <- B300 9.22 -> 9.23 %, B300 <- H100 7.21 -> 7.11 %. The B300's
+# sm100 kernel shows no such step (M = 129 runs faster than M = 256 there) and cuBLAS's bf16 kernels none on the
+# H100: tma_oob stays 0 for both.
 FP8_GEMM_FIT: dict[str, dict[str, float]] = {
-    "hopper": dict(eta_tc=0.67564, i_crit=26.3309, k0=221.049, t_kernel=1.56843e-06, eta_mem=0.891181,
-                   t_ramp=2.76867e-07, overlap=3.22566, k_split=65536, q_row=4.13096e-07, q_sm_bw=16559700000.0,
-                   t_kiter=1.063e-07),
+    "hopper": dict(eta_tc=0.715655, i_crit=35.9333, k0=118.546, t_kernel=1.56793e-06, eta_mem=0.936745,
+                   t_ramp=2.60532e-07, overlap=3.35663, k_split=65536, q_row=4.28365e-07, q_sm_bw=17180500000.0,
+                   t_kiter=1.09793e-07, tma_oob=0.159964),
     "blackwell": dict(eta_tc=0.823407, i_crit=0.0847364, k0=429.871, t_kernel=1.45773e-06, eta_mem=0.79117,
                       t_ramp=1.84948e-07, overlap=1.9414, k_split=65536, q_row=4.12691e-07, q_sm_bw=16913500000.0,
                       t_kiter=8.9078e-08),
@@ -913,10 +931,22 @@ for _fam in ("ada", "blackwell_rtx"):
 # a bf16 input). Kept out of FITTED: the bf16 leave-one-GPU-out check has nothing to do with them.
 # The power limiter's headroom is the board's, not the kernel's: the fp8 rows keep the bf16 fit's (a free one ran
 # to 1.29 on the B300 fp8 table, a flat direction of its loss, where the bf16 GEMMs pin 1.05).
-FITTED_GROUPS["fp8_gemm"] = (*(n for n in FITTED_GROUPS["gemm"] if n != "limiter_headroom"), "q_row", "q_sm_bw")
+FITTED_GROUPS["fp8_gemm"] = (*(n for n in FITTED_GROUPS["gemm"] if n != "limiter_headroom"), "q_row", "q_sm_bw",
+                             "tma_oob")
+# Fitted, but a fact of one architecture's kernels, not a number that carries to another's: Hopper's fp8 scaled-mm
+# slows where its activation tiles reach past M (tma_oob); the B300's does not (its table shows no such step), so
+# a leave-one-GPU-out check keeps each GPU's own.
+FP8_KERNEL_FITTED = ("tma_oob",)
 
 
 def transfer_fp8(target: ArchConstants, source: ArchConstants) -> ArchConstants:
-    """``target``'s fp8 kernel facts with ``source``'s fitted fp8 GEMM numbers (leave-one-GPU-out)."""
-    return replace(target, **{n: getattr(source, n) for n in FITTED_GROUPS["fp8_gemm"]},
+    """``target``'s fp8 kernel facts with ``source``'s fitted fp8 GEMM numbers (leave-one-GPU-out); the fitted
+    kernel facts (FP8_KERNEL_FITTED) stay the target's."""
+    return replace(target, **{n: getattr(source, n) for n in FITTED_GROUPS["fp8_gemm"] if n not in FP8_KERNEL_FITTED},
                    fitted_on=source.fitted_on, borrowed_from=None)
+
+
+def tma_oob_share(m: int, bm: int) -> float:
+    """Out-of-bounds share of the last row of BM-row activation tiles over M rows (0 when BM divides M)."""
+    r = m % bm
+    return (bm - r) / bm if r else 0.0

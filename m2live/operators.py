@@ -37,6 +37,7 @@ from .efficiency import (
     fa2_splits,
     fa3_splits,
     gemm_efficiency,
+    tma_oob_share,
 )
 from .hardware import GpuSpec, get_gpu
 
@@ -173,11 +174,20 @@ class OpModel:
         if hit is not None:
             return hit
         e = self.gemm_pick(m, n, k)
-        tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * e.eta_duty)
+        duty = e.eta_duty
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
+        if self.c.tma_oob:
+            # the last row of activation tiles reaches past M: the main loop, compute and stream alike, slows by
+            # that row's out-of-bounds share, where the SMs are busy (its boundary-checked loads cost a resource
+            # the SMs share: a grid that leaves most of them idle hides it; efficiency.FP8_GEMM_FIT)
+            busy = min(1.0, -(-m // e.tile[0]) * -(-n // e.tile[1]) / self._sms)
+            slow = 1.0 + self.c.tma_oob * tma_oob_share(m, e.tile[0]) * busy
+            duty /= slow
+            eta_mem /= slow
+        tc = 2.0 * m * n * k / (self.peak * e.eta_wave * e.eta_active * duty)
         fixed = self.c.t_kernel + (self._split_reduce(m, n, e.split_k) if e.split_k > 1 else 0.0)
-        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, e.eta_duty, eta_mem, fixed)
+        out = (tc, nbytes / (self.bw * eta_mem), e.eta_wave, e.eta_active, duty, eta_mem, fixed)
         return remember(self._gemm_cache, key, out)
 
     def gemm_pick(self, m: int, n: int, k: int) -> GemmEfficiency:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import OPBENCH, SHARED, one_line_error, run
 
 from m2live import Predictor, Step
-from m2live.efficiency import ARCH, ARCH_FP8, FITTED_GROUPS, gemm_efficiency, transfer_fp8
+from m2live.efficiency import ARCH, ARCH_FP8, FITTED_GROUPS, gemm_efficiency, tma_oob_share, transfer_fp8
 from m2live.hardware import all_gpus, get_gpu
 from m2live.planner import PlanConfig, memory_fit
 from m2live.predictor import OpModel
@@ -113,11 +114,11 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_one_clear_error(tmp_path):
 
 
 def test_fp8_gemm_accuracy_floor_on_opbench_fp8():
-    """MAPE on the region the accuracy targets are stated on (N,K in [1024, 16384], every M): in-sample 6.75 %
-    (H100) and 5.2 % (B300), each at vLLM's own tile dispatch with its clusters (bench/fit_fp8.py),
-    leave-one-GPU-out 9.2 % / 7.2 %; a regression of about a point fails."""
-    floors = {"NVIDIA H100 80GB HBM3": (7.8, 10.3, "hopper", "blackwell"),
-              "NVIDIA B300 SXM6 AC": (6.3, 8.3, "blackwell", "hopper")}
+    """MAPE on the region the accuracy targets are stated on (N,K in [1024, 16384], every M): in-sample 5.91 %
+    (H100, its ragged-M cost priced: tma_oob) and 5.2 % (B300), each at vLLM's own tile dispatch with its clusters
+    (bench/fit_fp8.py), leave-one-GPU-out 9.2 % / 7.1 %; a regression of about a point fails."""
+    floors = {"NVIDIA H100 80GB HBM3": (6.9, 10.3, "hopper", "blackwell"),
+              "NVIDIA B300 SXM6 AC": (6.3, 8.2, "blackwell", "hopper")}
     res = {r["gpu"]: r for r in score_directory(OPBENCH_FP8) if r["region"] == "core"}
     assert set(res) == set(floors)
     for gpu, (floor, loo_floor, arch, other) in floors.items():
@@ -217,6 +218,38 @@ def test_hopper_fp8_clusters_round_the_tile_rows_up():
     assert om.gemm(257, n, k).t > 1.2 * om.gemm(256, n, k).t  # opbench_fp8 h100_sxm: 74.5 vs 35.4 us
     # the swapped small-M configs cluster along M too, at N <= 1280 only: 2 (M <= 16) and 4 (M in (16, 64]) tiles
     assert gemm_efficiency(20, 1024, k, 132, c).waves == gemm_efficiency(64, 1024, k, 132, c).waves
+
+
+def test_hopper_fp8_pays_where_its_activation_tiles_reach_past_m_and_only_there():
+    """vLLM's sm90 fp8 kernel runs slower where its last row of activation tiles reaches past M, on a busy grid:
+    on the H100 table M = 513 and M = 768 run the same grid of tiles (six 128-row tile rows, clusters rounded up),
+    yet the ragged one is the slower, and M = 129 is slower than M = 256 — where most SMs have a tile. Priced as a
+    slower main loop in proportion to the last tile row's out-of-bounds share and the SMs busy (tma_oob); the
+    B300's sm100 kernel and cuBLAS's bf16 kernels show no such step and carry none."""
+    _, fp8 = _gemm_tables("h100_sxm")
+    om = OpModel(get_gpu("h100-sxm"), dtype="fp8")
+    plain = OpModel(get_gpu("h100-sxm"), dtype="fp8", constants=replace(ARCH_FP8["hopper"], tma_oob=0.0))
+    assert ARCH_FP8["hopper"].tma_oob > 0 and ARCH_FP8["blackwell"].tma_oob == 0 and ARCH["hopper"].tma_oob == 0
+    assert tma_oob_share(768, 128) == 0 and tma_oob_share(513, 128) == 127 / 128 and tma_oob_share(640, 128) == 0
+    assert all(0 <= tma_oob_share(m, bm) < 1 for m in range(1, 600) for bm in (16, 64, 128))
+    for (ragged, full), n, k in (((513, 768), 2560, 8192), ((513, 768), 8192, 8192), ((129, 256), 16384, 8192),
+                                 ((257, 512), 16384, 8192)):
+        assert gemm_efficiency(ragged, n, k, 132, om.c).waves == gemm_efficiency(full, n, k, 132, om.c).waves
+        measured = fp8[(ragged, n, k)] / fp8[(full, n, k)]  # 56.5 / 41.2, 112.7 / 87.9, 87.8 / 63.2, 154.9 / 103.9
+        assert measured > 1.25
+        # the model's ratio, 0.89-0.95 without the term (the ragged GEMM has less work), moves to 0.96-1.09 —
+        # towards what was measured, never past it (one constant over every row of the table)
+        with_term = om.gemm(ragged, n, k).t / om.gemm(full, n, k).t
+        assert plain.gemm(ragged, n, k).t / plain.gemm(full, n, k).t + 0.06 < with_term < measured, (ragged, n, k)
+    # a grid that leaves most SMs idle hides it: M = 129 as fast as M = 256 at N = 1024 (16 tiles), measured and
+    # predicted alike
+    assert fp8[(129, 1024, 8192)] < 1.05 * fp8[(256, 1024, 8192)]
+    assert om.gemm(129, 1024, 8192).t < 1.03 * om.gemm(256, 1024, 8192).t
+    # the leave-one-GPU-out check keeps each GPU's own (a kernel fact, fitted)
+    assert transfer_fp8(ARCH_FP8["blackwell"], ARCH_FP8["hopper"]).tma_oob == 0
+    assert transfer_fp8(ARCH_FP8["hopper"], ARCH_FP8["blackwell"]).tma_oob == ARCH_FP8["hopper"].tma_oob
+    b3 = OpModel(get_gpu("b300"), dtype="fp8")
+    assert b3.gemm(129, 16384, 8192).t <= b3.gemm(256, 16384, 8192).t
 
 
 def test_blackwell_fp8_tiles_are_vllms_sm100_dispatch_on_sm_pairs():
