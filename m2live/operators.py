@@ -163,6 +163,12 @@ class OpModel:
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
         self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
+        # gemm_pick per (tile rows of each candidate tile height, N, K): only under the least-time pick, whose
+        # candidates' times depend on M through their tile rows alone (a fixed dispatch, TILE_RULES, is cheap
+        # already; the largest-filling policy prices each split's reduction by M x N)
+        least_time = not self.c.tile_rule and self.c.tile_policy == "least_time"
+        self._pick_rows = tuple(sorted({bm for bm, _ in self.c.tiles})) if least_time else ()
+        self._pick_cache: dict[tuple, GemmEfficiency] = {}
 
     # ---- GEMM -----------------------------------------------------------------------------------
     def _gemm_base(self, m: int, n: int, k: int) -> tuple[float, float, float, float, float, float, float]:
@@ -192,10 +198,24 @@ class OpModel:
 
     def gemm_pick(self, m: int, n: int, k: int) -> GemmEfficiency:
         """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
-        reductions priced in one SM's MACs at peak."""
+        reductions priced in one SM's MACs at peak.
+
+        Under the least-time pick over ``tiles`` every candidate's time depends on M only through its tile rows,
+        ceil(M / BM) (waves, split, duty and feed do; the exact M sets only the padding, eta_wave): the pick is
+        cached per those counts and N, K, and a new M in the same tile rows — a serving engine's token counts
+        step after step — takes it with its own eta_wave, computed as the pick computes it (bit-identical)."""
+        sig = None
+        if self._pick_rows:
+            sig = (tuple(-(-m // bm) for bm in self._pick_rows), n, k)
+            e = self._pick_cache.get(sig)
+            if e is not None:
+                bm, bn = e.tile
+                wave = (m * n * k) / (e.waves * self._sms * bm * bn * (k / e.split_k))
+                return GemmEfficiency(min(1.0, wave), e.eta_active, e.eta_duty, e.tile, e.split_k, e.waves)
         sm_macs = self.peak / (2.0 * self.gpu.sms)
-        return gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs,
-                               self.c.t_kiter * sm_macs * self.elt / KBLOCK_BYTES)
+        e = gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs,
+                            self.c.t_kiter * sm_macs * self.elt / KBLOCK_BYTES)
+        return e if sig is None else remember(self._pick_cache, sig, e)
 
     def _split_reduce(self, m: int, n: int, split: int) -> float:
         """Reducing ``split`` K slices' fp32 partial sums of an M x N output (s): in the GEMM kernel (``split_reduce``

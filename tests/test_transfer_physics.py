@@ -5,6 +5,7 @@ bursts and sustained load. Bounds and monotonicity that must hold whatever the f
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -20,9 +21,11 @@ from m2live.efficiency import (
     constants_for,
     dyn_power,
     forecast_clock_ratio,
+    gemm_efficiency,
     memory_ceiling,
 )
 from m2live.hardware import all_gpus, get_gpu
+from m2live.operators import KBLOCK_BYTES
 from m2live.predictor import OpModel
 
 H100, H200, B200, B300 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200", "NVIDIA B300 SXM6 AC"
@@ -449,6 +452,30 @@ def test_hopper_reduces_split_k_in_the_gemm_kernel(gpu):
     for m in (1, 16, 256):
         ts = [om.gemm(m, 4096, kk).t for kk in range(1024, 16385, 256)]
         assert all(b >= a * (1 - 1e-9) for a, b in zip(ts, ts[1:], strict=False)), m
+
+
+@pytest.mark.parametrize("gpu", [H100, B300, L40S, "NVIDIA A100-SXM4-80GB"])
+def test_a_gemm_pick_cached_by_tile_rows_is_the_pick_itself(gpu):
+    """OpModel.gemm_pick keeps the least-time pick per tile-row counts, N and K (a new token count in the same tile
+    rows skips the search): for every M it must equal efficiency.gemm_efficiency's own pick field by field,
+    M next to one already picked included; the A100's largest-filling policy, which prices each split's reduction
+    by M x N, is not cached."""
+    om = OpModel(get_gpu(gpu))
+    assert bool(om._pick_rows) == (om.c.tile_policy == "least_time")
+    sm_macs = om.peak / (2.0 * om.gpu.sms)
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(300):
+        m0 = rng.randint(1, 9000)
+        n, k = rng.choice((1024, 4096, 6144, 14336, 28672, 128256)), rng.choice((512, 1024, 4096, 14336))
+        for m in (m0, m0 + 1, max(1, m0 - 2), m0 + 5):
+            before = len(om._pick_cache)
+            e = om.gemm_pick(m, n, k)
+            hits += om._pick_rows != () and len(om._pick_cache) == before
+            ref = gemm_efficiency(m, n, k, om.gpu.sms, om.c, lambda s, m=m, n=n: om._split_reduce(m, n, s) * sm_macs,
+                                  om.c.t_kiter * sm_macs * om.elt / KBLOCK_BYTES)
+            assert e == ref, (m, n, k, e, ref)
+    assert (hits > 300) == bool(om._pick_rows)
 
 
 def test_ampere_cublas_keeps_its_largest_tile_once_that_grid_fills_the_sms():
