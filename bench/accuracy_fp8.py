@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dataclasses import replace  # noqa: E402
 
-from m2live.efficiency import ARCH_FP8, FITTED_GROUPS, transfer_fp8  # noqa: E402
+from m2live.efficiency import ARCH_FP8, FITTED_GROUPS, FP8_KERNEL_FITTED, transfer_fp8  # noqa: E402
 from m2live.hardware import get_gpu  # noqa: E402
 from m2live.validate import RowPredictor, in_core_region, measured, read_table  # noqa: E402
 
@@ -68,7 +68,7 @@ def score_fp8() -> dict:
         entry["loo_with_own"] = {
             n: _stats(np.array(RowPredictor(fp8_constants={arch: replace(loo_c, **{n: getattr(ARCH_FP8[arch], n)})})
                                .predict_table(sub)), meas[core])["mape"]
-            for n in FITTED_GROUPS["fp8_gemm"]}
+            for n in FITTED_GROUPS["fp8_gemm"] if n not in FP8_KERNEL_FITTED}  # those stay the GPU's own already
         entry["core_by_m"] = {f"{lo}-{hi if hi < 1 << 30 else 'max'}": _stats(ins[core & (m >= lo) & (m <= hi)],
                                                                            meas[core & (m >= lo) & (m <= hi)])
                               for lo, hi in M_BANDS}

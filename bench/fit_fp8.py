@@ -4,7 +4,9 @@ vLLM's fp8 linear layer (CutlassFP8ScaledMMLinearKernel) on H100 80GB HBM3 → h
 blackwell, GEMMs with N,K in [1024, 16384], every M. Group ``fp8_gemm`` = the bf16 GEMM group (eta_tc, i_crit,
 k0, t_kernel, eta_mem, t_ramp, overlap; k_split no longer, since the shipped fp8 constants carry vLLM's CUTLASS
 dispatch, which never splits K: efficiency.ONLY_WHERE) plus the two constants
-of vLLM's CUDA input quantisation that every row includes (q_row, q_sm_bw). The machinery (loader, MAPE, grid +
+of vLLM's CUDA input quantisation that every row includes (q_row, q_sm_bw), and the fitted kernel facts
+(efficiency.FP8_KERNEL_FITTED: Hopper's ragged-M cost tma_oob, seeded where the table shows it, SEED_ARCH; a zero
+stays zero). The machinery (loader, MAPE, grid +
 Nelder-Mead coordinate descent) is bench/fit_constants.py's; this file only says what is fitted on what.
 Leave-one-GPU-out: the numbers fitted on one GPU predict the other from its datasheet and its own kernel facts.
 Writes results/fp8_constants.json; the values are then copied into efficiency.FP8_GEMM_FIT.

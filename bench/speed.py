@@ -50,8 +50,11 @@ def time_new_shapes(gpu: str, model: str, n: int) -> dict[str, float | int]:
     out: dict[str, float | int] = {}
     for name, breakdown in (("predict_full_breakdown", True), ("predict_total_fast_path", False)):
         p = Predictor.for_gpu(gpu, model=model)
-        steps = [Step.build([(rng.randint(256, 4096), rng.choice((0, rng.randint(1, 8192))))],
-                            [rng.randint(100, 4000) for _ in range(64)]) for _ in range(n)]
+        # distinct chunk lengths, so distinct token counts: every per-shape cache misses (the pick cached by tile rows
+        # may hit, as it does in serving)
+        lengths = rng.sample(range(256, 4097), min(n, 4096 - 255))
+        steps = [Step.build([(c, rng.choice((0, rng.randint(1, 8192))))], [rng.randint(100, 4000) for _ in range(64)])
+                 for c in lengths]
         samples = []
         for s in steps:
             t0 = time.perf_counter_ns()

@@ -16,7 +16,10 @@ prediction stays under ``slo_s * (1 - margin)``:
 * the search over the budget: the full demand is tried first (one prediction when everything fits); then the
   last binding budget and one probe a tolerance (~3 %) above it (the queue changes little between steps, so
   this usually closes the bracket: three predictions); otherwise zero prefill and a bracketed secant with a
-  bisection safeguard (the step time is close to linear in the prefill tokens). At most ``max_evaluations``;
+  bisection safeguard (the step time is close to linear in the prefill tokens — for fp8 on Hopper a sawtooth about
+  that line: a step whose GEMMs' last row of activation tiles is mostly empty runs slower than one a few dozen
+  tokens larger, as measured, ``efficiency`` tma_oob; the budget found then meets the SLO but may not be the
+  largest that would). At most ``max_evaluations``;
 * the budget never exceeds vLLM's configured ``max_num_batched_tokens`` / ``max_num_seqs``;
 * decodes of running requests always proceed: when even the decode-only step (no prefill) cannot meet the SLO
   the step is allowed, the decision is flagged and counted, and no new requests are admitted until a step can

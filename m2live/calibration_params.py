@@ -46,7 +46,9 @@ CALIBRATED: dict[str, tuple[str, ...]] = {
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
                "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
     # the fp8 GEMM group as bench/fit_fp8.py fits it (efficiency.FITTED_GROUPS["fp8_gemm"]): CUTLASS's ceiling,
-    # feed, latency, streaming and K-block floor, and the input quantisation's per-row cost and per-SM stream.
+    # feed, latency, streaming and K-block floor, and the input quantisation's per-row cost and per-SM stream —
+    # not the fitted kernel facts (efficiency.FP8_KERNEL_FITTED: Hopper's ragged-M cost), which a GPU takes from
+    # its family as it takes its tiles.
     # The board's and the L2's constants (limiter_headroom, l2_bytes_per_clk) are the GPU's, not the kernels':
     # the bf16 GEMM rows pin them and the fp8 constants take them from there (CARRIED_TO_FP8)
     "gemm_fp8": ("eta_tc", "i_crit", "k0", "t_kernel", "eta_mem", "t_ramp", "overlap", "t_kiter", "q_row",

@@ -203,6 +203,8 @@ class ArchConstants:
     borrowed_from: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tma_oob < 0:  # a negative slowdown could price a GEMM at zero or negative time
+            raise ValueError(f"ArchConstants.tma_oob must be >= 0, got {self.tma_oob!r}")
         # the kernel facts named by a string: a misspelt one would silently take the default branch
         for name, allowed in KERNEL_FACT_VALUES.items():
             if getattr(self, name) not in allowed:

@@ -184,9 +184,11 @@ class OpModel:
         nbytes = self.elt * (m * k + n * k) + self.out_elt * m * n
         eta_mem = self._eta_mem(nbytes)
         if self.c.tma_oob:
-            # the last row of activation tiles reaches past M: the main loop, compute and stream alike, slows by
-            # that row's out-of-bounds share, where the SMs are busy (its boundary-checked loads cost a resource
-            # the SMs share: a grid that leaves most of them idle hides it; efficiency.FP8_GEMM_FIT)
+            # the last row of activation tiles reaches past M: the main loop, compute and DRAM stream alike, slows
+            # by that row's out-of-bounds share, where the SMs are busy (its boundary-checked loads cost a resource
+            # the SMs share: a grid whose tiles — counted before the clusters round them up, as fitted — leave most
+            # SMs idle hides it; efficiency.FP8_GEMM_FIT). A benchmark loop's L2 re-reads (gemm's l2_warm, which
+            # serving never has) keep their rate: the fit priced the table's rows so.
             busy = min(1.0, -(-m // e.tile[0]) * -(-n // e.tile[1]) / self._sms)
             slow = 1.0 + self.c.tma_oob * tma_oob_share(m, e.tile[0]) * busy
             duty /= slow

@@ -655,7 +655,15 @@ def test_fp8_calibration_on_opbench_fp8_from_another_familys_constants():
     fitted = cal.fit_constants(gpu, picked, zs8)
     assert mape(replace(zs8, **fitted)) < mape(zs8) - 1.0
     refit = cal.fit_constants(gpu, picked, own8)
-    assert refit and mape(replace(own8, **refit)) < mape(own8) + 0.75
+    assert mape(replace(own8, **refit)) < mape(own8) + 0.75
+    # the B300's shipped fp8 prior, fitted on its table, is kept (the one-standard-error rule protects it)
+    b300 = get_gpu("NVIDIA B300 SXM6 AC")
+    rows_b = cal.rows_from_tables([OPBENCH.parent / "opbench_fp8" / "b300_sxm" / "gemm_fp8.csv"])
+    by_b = {cal.shape_key("gemm_fp8", r.cells): r for r in rows_b}
+    own_b = constants_for(b300, "fp8")
+    kept = cal.fit_constants(b300, [by_b[cal.shape_key("gemm_fp8", p)] for p in cal.plan(b300.name, "gemm_fp8")],
+                             own_b)
+    assert kept and all(v == pytest.approx(getattr(own_b, n)) for n, v in kept.items())
 
 
 def test_plan_all_kinds_into_a_folder_measured_in_place_and_fitted(tmp_path):

@@ -230,6 +230,8 @@ def test_hopper_fp8_pays_where_its_activation_tiles_reach_past_m_and_only_there(
     om = OpModel(get_gpu("h100-sxm"), dtype="fp8")
     plain = OpModel(get_gpu("h100-sxm"), dtype="fp8", constants=replace(ARCH_FP8["hopper"], tma_oob=0.0))
     assert ARCH_FP8["hopper"].tma_oob > 0 and ARCH_FP8["blackwell"].tma_oob == 0 and ARCH["hopper"].tma_oob == 0
+    with pytest.raises(ValueError, match="tma_oob"):  # a negative slowdown could price a GEMM at no time at all
+        replace(ARCH_FP8["hopper"], tma_oob=-0.5)
     assert tma_oob_share(768, 128) == 0 and tma_oob_share(513, 128) == 127 / 128 and tma_oob_share(640, 128) == 0
     assert all(0 <= tma_oob_share(m, bm) < 1 for m in range(1, 600) for bm in (16, 64, 128))
     for (ragged, full), n, k in (((513, 768), 2560, 8192), ((513, 768), 8192, 8192), ((129, 256), 16384, 8192),

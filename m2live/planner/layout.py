@@ -5,7 +5,9 @@ keep the batch full. Decode contexts average ``E[d (p + (d-1)/2)] / E[d]`` (toke
 laid out as whole prompts plus one chunk in the middle of a prompt, sized so its causal-attention work is the
 workload's mean (prompt length ``E[p^2]/E[p]``). The step time of that steady step comes from the Predictor
 (forecast clock by default). B is limited by the KV cache, ``max_num_seqs`` and the token budget; with an SLO the
-largest B whose predicted step time meets it is found by bisection (step time grows with B).
+largest B whose predicted step time meets it is found by bisection (step time grows with B — but for fp8
+on Hopper only as a sawtooth: a GEMM whose last row of activation tiles is mostly past M runs slower than one
+that fills it, as measured (efficiency tma_oob), so there the B found meets the SLO and may not be the largest).
 """
 
 from __future__ import annotations
