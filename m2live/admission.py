@@ -18,8 +18,9 @@ prediction stays under ``slo_s * (1 - margin)``:
   this usually closes the bracket: three predictions); otherwise zero prefill and a bracketed secant with a
   bisection safeguard (the step time is close to linear in the prefill tokens — for fp8 on Hopper a sawtooth about
   that line: a step whose GEMMs' last row of activation tiles is mostly empty runs slower than one a few dozen
-  tokens larger, as measured, ``efficiency`` tma_oob; the budget found then meets the SLO but may not be the
-  largest that would). At most ``max_evaluations``;
+  tokens larger, as measured, ``efficiency`` tma_oob; there one probe at the next full tile row above the answer,
+  kept out of the search's evaluations, takes it when it fits: more tokens and a faster step). At most
+  ``max_evaluations``;
 * the budget never exceeds vLLM's configured ``max_num_batched_tokens`` / ``max_num_seqs``;
 * decodes of running requests always proceed: when even the decode-only step (no prefill) cannot meet the SLO
   the step is allowed, the decision is flagged and counted, and no new requests are admitted until a step can
@@ -158,6 +159,10 @@ class AdmissionController:
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
         self._warm: int | None = None  # last binding budget (warm start of the next search)
         self._clock_ratio_last: float | None = None
+        # the GEMMs' tile rows where the step time is a sawtooth in the tokens (a fixed dispatch whose last tile
+        # row costs more the emptier it is: efficiency tma_oob, fp8 on Hopper); 0: close to linear
+        g = predictor.gemm_ops
+        self._row_unit = g.gemm_pick(8192, 8192, 8192).tile[0] if g.c.tma_oob else 0
 
     # ---- configuration ----------------------------------------------------------------------------------
     def set_slo(self, slo_s: float | None) -> None:
@@ -300,7 +305,8 @@ class AdmissionController:
         tol = tol_at(lo.budget)
         g_lo, g_hi = t_lo - target, t_hi - target
         probe_up, misses = False, 0
-        while hi.budget - lo.budget > tol and evals < self.max_evaluations:
+        unit = self._row_unit
+        while hi.budget - lo.budget > tol and evals < self.max_evaluations - (1 if unit else 0):
             if probe_up:
                 x = lo.budget + tol
             elif misses >= 2 or g_hi <= g_lo:
@@ -319,6 +325,17 @@ class AdmissionController:
             else:
                 hi, t_hi, g_hi = mid, t_mid, t_mid - target
                 probe_up, misses = False, misses + 1
+        # 5. where the GEMMs slow as their last tile row empties (fp8 on Hopper, efficiency tma_oob) the step time
+        # is a sawtooth in the tokens: a step that fills its next tile row can be faster than the answer found, and
+        # the bracket above cannot say so. One probe there (the evaluation the loop kept for it).
+        if unit:
+            x = (lo.budget // unit + 1) * unit
+            if x <= demand and x != hi.budget:
+                up = self._plan(view, x, limit_seqs)
+                if up.budget > lo.budget:
+                    t_up = cost(up)
+                    if t_up <= target:
+                        lo, t_lo = up, t_up
         self._warm = lo.budget
         return self._done(lo, t_lo, running, limit_seqs, flagged=False, evals=evals)
 

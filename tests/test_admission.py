@@ -295,6 +295,32 @@ def test_decision_cost_is_a_handful_of_predictions(predictor: Predictor) -> None
     assert statistics.median(evals) <= 6  # random queues: the warm start rarely helps (a real queue: ~3)
 
 
+def test_a_sawtooth_step_time_takes_the_next_full_tile_row() -> None:
+    """fp8 on Hopper: a step whose GEMMs' last tile row is mostly past M runs slower than one that fills it (as
+    opbench_fp8 measures; efficiency tma_oob), so the bracket search alone stops short of budgets that fit. The one
+    probe at the next full tile row above its answer finds them: more tokens, a faster step, the SLO met, within
+    max_evaluations; bf16, whose step time has no such teeth, never spends it."""
+    p8 = Predictor("NVIDIA H100 80GB HBM3", "meta-llama/Llama-3.1-8B", dtype="fp8")
+    bf = Predictor.for_gpu("NVIDIA H100 80GB HBM3", model="meta-llama/Llama-3.1-8B")
+    assert AdmissionController(bf, None, slo_s=0.03)._row_unit == 0
+    view = QueueView([1000 + 7 * i for i in range(32)], [], [4096, 4096], LIMIT_TOKENS, LIMIT_SEQS)
+    better = 0
+    for slo_ms in (22.0, 34.0, 51.0):
+        snap = AdmissionController(p8, None, slo_s=slo_ms / 1e3, margin=0.0)
+        unit = snap._row_unit
+        assert unit == 128
+        plain = AdmissionController(p8, None, slo_s=slo_ms / 1e3, margin=0.0)
+        plain._row_unit = 0
+        d, d0 = snap.decide(view, None), plain.decide(view, None)
+        assert d.predicted_s <= slo_ms / 1e3 and d.evaluations <= snap.max_evaluations
+        assert d.token_budget >= d0.token_budget
+        if d.token_budget > d0.token_budget:
+            better += 1
+            assert d.token_budget % unit == 0  # the full tile row it probed
+            assert d.predicted_s < d0.predicted_s  # more tokens, a faster step
+    assert better >= 2
+
+
 def test_bad_input(predictor: Predictor) -> None:
     with pytest.raises(ValueError, match="margin"):
         AdmissionController(predictor, None, slo_s=0.04, margin=1.5)
