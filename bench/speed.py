@@ -31,42 +31,39 @@ from m2live.admission import AdmissionController, QueueView  # noqa: E402
 from m2live.cpu_device import _cpuinfo  # noqa: E402
 
 
-def timeit(fn, n: int) -> dict[str, float]:
+def summary(samples: list[float], q: float = 0.99, digits: int = 2) -> dict[str, float | int]:
+    """Median and the ``q`` quantile (named ``p99_us`` / ``p90_us``) of samples in microseconds."""
+    s = sorted(samples)
+    return {"median_us": round(statistics.median(s), digits), f"p{round(100 * q)}_us": round(s[int(q * len(s))], digits),
+            "n": len(s)}
+
+
+def timed_us(fn, *args) -> float:
+    t0 = time.perf_counter_ns()
+    fn(*args)
+    return (time.perf_counter_ns() - t0) / 1e3
+
+
+def timeit(fn, n: int) -> dict[str, float | int]:
     for _ in range(min(200, n // 10)):
         fn()
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    samples.sort()
-    return {"median_us": round(statistics.median(samples), 2), "p99_us": round(samples[int(0.99 * len(samples))], 2),
-            "n": n}
+    return summary([timed_us(fn) for _ in range(n)])
 
 
 def time_new_shapes(gpu: str, model: str, n: int) -> dict[str, float | int]:
-    """Full-step and total-only predictions of steps whose prefill chunk was never seen (caches cold for it)."""
+    """Full-step and total-only predictions of steps whose prefill chunk was never seen (caches cold for it), each
+    path on a fresh Predictor."""
     rng = random.Random(1)
+    # distinct chunk lengths, so distinct token counts: every per-shape cache misses (the pick cached by tile rows
+    # may hit, as it does in serving)
+    steps = [Step.build([(c, rng.choice((0, rng.randint(1, 8192))))], [rng.randint(100, 4000) for _ in range(64)])
+             for c in rng.sample(range(256, 4097), min(n, 4096 - 255))]
     out: dict[str, float | int] = {}
-    for name, breakdown in (("predict_full_breakdown", True), ("predict_total_fast_path", False)):
-        p = Predictor.for_gpu(gpu, model=model)
-        # distinct chunk lengths, so distinct token counts: every per-shape cache misses (the pick cached by tile rows
-        # may hit, as it does in serving)
-        lengths = rng.sample(range(256, 4097), min(n, 4096 - 255))
-        steps = [Step.build([(c, rng.choice((0, rng.randint(1, 8192))))], [rng.randint(100, 4000) for _ in range(64)])
-                 for c in lengths]
-        samples = []
-        for s in steps:
-            t0 = time.perf_counter_ns()
-            if breakdown:
-                p.predict(s, f_clk=0.85)
-            else:
-                p.predict_total(s, 0.85)
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
-        samples.sort()
-        out[f"{name}_median_us"] = round(statistics.median(samples), 1)
-        out[f"{name}_p99_us"] = round(samples[int(0.99 * len(samples))], 1)
-    out["n"] = n
+    for name, method in (("predict_full_breakdown", "predict"), ("predict_total_fast_path", "predict_total")):
+        fn = getattr(Predictor.for_gpu(gpu, model=model), method)  # (step, f_clk as a ratio) both
+        s = summary([timed_us(fn, st, 0.85) for st in steps], digits=1)
+        out.update({f"{name}_median_us": s["median_us"], f"{name}_p99_us": s["p99_us"]})
+    out["n"] = len(steps)
     return out
 
 
@@ -86,12 +83,10 @@ def time_admission(gpu: str, model: str, n: int) -> dict[str, float | int]:
         samples.append((time.perf_counter_ns() - t0) / 1e3)
         evals.append(d.evaluations)
         steps.append(d.predicted_s * 1e6)
-    med = statistics.median(samples)
-    samples.sort()
-    return {"median_us": round(med, 1), "p90_us": round(samples[int(0.9 * len(samples))], 1),
-            "evaluations_mean": round(statistics.mean(evals), 2),
+    out = summary(samples, q=0.9, digits=1)
+    return {**out, "evaluations_mean": round(statistics.mean(evals), 2),
             "predicted_step_median_us": round(statistics.median(steps), 1),
-            "fraction_of_step_median": round(med / statistics.median(steps), 4), "n": n}
+            "fraction_of_step_median": round(statistics.median(samples) / statistics.median(steps), 4)}
 
 
 def main() -> int:

@@ -570,7 +570,7 @@ class GemmEfficiency:
     waves: int
 
 
-def _ctas(m: int, n: int, tile: tuple[int, int]) -> int:
+def grid_ctas(m: int, n: int, tile: tuple[int, int]) -> int:
     """CTAs of an M x N output in (BM, BN) tiles."""
     return -(-m // tile[0]) * -(-n // tile[1])
 
@@ -591,8 +591,30 @@ def _tile_time(m: int, n: int, k: int, sms: int, c: ArchConstants, bm: int, bn: 
     duty = kk / (kk + c.k0) if c.k0 > 0 else 1.0
     if iter_macs * active > waves * bm * bn:
         duty *= waves * bm * bn / (active * iter_macs)
-    wave = (m * n * k) / (waves * sms * bm * bn * kk)
-    return waves * bm * bn * kk / (active * duty), GemmEfficiency(min(1.0, wave), active, duty, (bm, bn), split, waves)
+    return waves * bm * bn * kk / (active * duty), GemmEfficiency(
+        _padding_wave(m, n, k, sms, bm, bn, waves, kk), active, duty, (bm, bn), split, waves)
+
+
+def _padding_wave(m: int, n: int, k: int, sms: int, bm: int, bn: int, waves: int, kk: float) -> float:
+    """eta_wave: the useful share of ``waves`` waves of BM x BN x KK tiles on ``sms`` SMs."""
+    return min(1.0, (m * n * k) / (waves * sms * bm * bn * kk))
+
+
+def pick_rows(c: ArchConstants) -> tuple[int, ...]:
+    """The tile heights through whose row counts, ceil(M / BM), alone ``gemm_efficiency`` reads M — every
+    candidate's time and so the pick, all but its padding (``repad``) — under the least-time pick; () where it
+    reads M itself (a fixed dispatch's thresholds, the largest-filling policy's reduction of M x N partials)."""
+    if c.tile_rule or c.tile_policy != "least_time":
+        return ()
+    return tuple(sorted({bm for bm, _ in c.tiles}))
+
+
+def repad(e: GemmEfficiency, m: int, n: int, k: int, sms: int) -> GemmEfficiency:
+    """The pick ``e`` made for another M in the same tile rows (``pick_rows``), with this M's padding: what
+    ``gemm_efficiency`` itself returns for it, field by field."""
+    bm, bn = e.tile
+    return GemmEfficiency(_padding_wave(m, n, k, sms, bm, bn, e.waves, k / e.split_k), e.eta_active, e.eta_duty,
+                          e.tile, e.split_k, e.waves)
 
 
 def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants,
@@ -614,17 +636,17 @@ def gemm_efficiency(m: int, n: int, k: int, sms: int, c: ArchConstants,
         return _tile_time(m, n, k, sms, c, bm, bn, 1, iter_macs, cm, cn)[1]
     tiles = c.tiles
     if c.tile_policy == "largest_filling":
-        big = max(tiles, key=lambda t: (t[0] * t[1], -_ctas(m, n, t)))  # ties: fewer CTAs
+        big = max(tiles, key=lambda t: (t[0] * t[1], -grid_ctas(m, n, t)))  # ties: fewer CTAs
         # only a GEMM that fills the tile's rows: under BM tokens its rows are mostly masked, and a wide N alone
         # (Llama-3-8B's gate_up, N = 28672: 112 CTAs of one token each) does not make the library keep it
-        if m >= big[0] and _ctas(m, n, big) >= sms:
+        if m >= big[0] and grid_ctas(m, n, big) >= sms:
             most = int(k // (c.k_balance or c.k_split)) if reduce_macs is not None and k >= 1024 else 1
             splits = range(1, max(1, most) + 1)
             return min((_tile_time(m, n, k, sms, c, *big, s, iter_macs) for s in splits),
                        key=lambda t: t[0] + (reduce_macs(t[1].split_k) if t[1].split_k > 1 else 0.0))[1]
     best: tuple[float, GemmEfficiency] | None = None
     for bm, bn in tiles:
-        ctas = _ctas(m, n, (bm, bn))
+        ctas = grid_ctas(m, n, (bm, bn))
         split = max(1, min(sms // ctas, int(k // c.k_split))) if ctas < sms and k >= 1024 else 1
         cand = _tile_time(m, n, k, sms, c, bm, bn, split, iter_macs)
         if best is None or cand[0] < best[0]:

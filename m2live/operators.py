@@ -37,6 +37,9 @@ from .efficiency import (
     fa2_splits,
     fa3_splits,
     gemm_efficiency,
+    grid_ctas,
+    pick_rows,
+    repad,
     tma_oob_share,
 )
 from .hardware import GpuSpec, get_gpu
@@ -163,11 +166,9 @@ class OpModel:
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
         self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
-        # gemm_pick per (tile rows of each candidate tile height, N, K): only under the least-time pick, whose
-        # candidates' times depend on M through their tile rows alone (a fixed dispatch, TILE_RULES, is cheap
-        # already; the largest-filling policy prices each split's reduction by M x N)
-        least_time = not self.c.tile_rule and self.c.tile_policy == "least_time"
-        self._pick_rows = tuple(sorted({bm for bm, _ in self.c.tiles})) if least_time else ()
+        # gemm_pick per (tile rows of each candidate tile height, N, K), where the pick reads M through those
+        # alone (efficiency.pick_rows)
+        self._pick_rows = pick_rows(self.c)
         self._pick_cache: dict[tuple, GemmEfficiency] = {}
 
     # ---- GEMM -----------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class OpModel:
             # the SMs share: a grid whose tiles — counted before the clusters round them up, as fitted — leave most
             # SMs idle hides it; efficiency.FP8_GEMM_FIT). A benchmark loop's L2 re-reads (gemm's l2_warm, which
             # serving never has) keep their rate: the fit priced the table's rows so.
-            busy = min(1.0, -(-m // e.tile[0]) * -(-n // e.tile[1]) / self._sms)
+            busy = min(1.0, grid_ctas(m, n, e.tile) / self._sms)
             slow = 1.0 + self.c.tma_oob * tma_oob_share(m, e.tile[0]) * busy
             duty /= slow
             eta_mem /= slow
@@ -202,18 +203,15 @@ class OpModel:
         """The tile and K split the library runs for this GEMM on this GPU (``efficiency.gemm_efficiency``),
         reductions priced in one SM's MACs at peak.
 
-        Under the least-time pick over ``tiles`` every candidate's time depends on M only through its tile rows,
-        ceil(M / BM) (waves, split, duty and feed do; the exact M sets only the padding, eta_wave): the pick is
-        cached per those counts and N, K, and a new M in the same tile rows — a serving engine's token counts
-        step after step — takes it with its own eta_wave, computed as the pick computes it (bit-identical)."""
+        Where the pick reads M only through its candidates' tile rows (``efficiency.pick_rows``), it is cached per
+        those counts and N, K: a new M in the same tile rows — a serving engine's token counts step after step —
+        takes it with its own padding (``efficiency.repad``, bit-identical to a fresh pick)."""
         sig = None
         if self._pick_rows:
             sig = (tuple(-(-m // bm) for bm in self._pick_rows), n, k)
             e = self._pick_cache.get(sig)
             if e is not None:
-                bm, bn = e.tile
-                wave = (m * n * k) / (e.waves * self._sms * bm * bn * (k / e.split_k))
-                return GemmEfficiency(min(1.0, wave), e.eta_active, e.eta_duty, e.tile, e.split_k, e.waves)
+                return repad(e, m, n, k, self._sms)
         sm_macs = self.peak / (2.0 * self.gpu.sms)
         e = gemm_efficiency(m, n, k, self.gpu.sms, self.c, lambda split: self._split_reduce(m, n, split) * sm_macs,
                             self.c.t_kiter * sm_macs * self.elt / KBLOCK_BYTES)
