@@ -159,10 +159,9 @@ class AdmissionController:
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
         self._warm: int | None = None  # last binding budget (warm start of the next search)
         self._clock_ratio_last: float | None = None
-        # the GEMMs' tile rows where the step time is a sawtooth in the tokens (a fixed dispatch whose last tile
-        # row costs more the emptier it is: efficiency tma_oob, fp8 on Hopper); 0: close to linear
-        g = predictor.gemm_ops
-        self._row_unit = g.gemm_pick(8192, 8192, 8192).tile[0] if g.c.tma_oob else 0
+        # where the step time is a sawtooth in the tokens (a GEMM's last tile row costs more the emptier it is:
+        # efficiency tma_oob, fp8 on Hopper), step 5 of the search probes the next full tile row
+        self._sawtooth = bool(predictor.gemm_ops.c.tma_oob)
 
     # ---- configuration ----------------------------------------------------------------------------------
     def set_slo(self, slo_s: float | None) -> None:
@@ -305,8 +304,8 @@ class AdmissionController:
         tol = tol_at(lo.budget)
         g_lo, g_hi = t_lo - target, t_hi - target
         probe_up, misses = False, 0
-        unit = self._row_unit
-        while hi.budget - lo.budget > tol and evals < self.max_evaluations - (1 if unit else 0):
+        saw = self._sawtooth
+        while hi.budget - lo.budget > tol and evals < self.max_evaluations - (1 if saw else 0):
             if probe_up:
                 x = lo.budget + tol
             elif misses >= 2 or g_hi <= g_lo:
@@ -328,8 +327,8 @@ class AdmissionController:
         # 5. where the GEMMs slow as their last tile row empties (fp8 on Hopper, efficiency tma_oob) the step time
         # is a sawtooth in the tokens: a step that fills its next tile row can be faster than the answer found, and
         # the bracket above cannot say so. One probe there (the evaluation the loop kept for it).
-        if unit:
-            x = (lo.budget // unit + 1) * unit
+        if saw:
+            x = self.predictor.tile_row_end(lo.budget + 1)
             if x <= demand and x != hi.budget:
                 up = self._plan(view, x, limit_seqs)
                 if up.budget > lo.budget:

@@ -302,21 +302,23 @@ def test_a_sawtooth_step_time_takes_the_next_full_tile_row() -> None:
     max_evaluations; bf16, whose step time has no such teeth, never spends it."""
     p8 = Predictor("NVIDIA H100 80GB HBM3", "meta-llama/Llama-3.1-8B", dtype="fp8")
     bf = Predictor.for_gpu("NVIDIA H100 80GB HBM3", model="meta-llama/Llama-3.1-8B")
-    assert AdmissionController(bf, None, slo_s=0.03)._row_unit == 0
+    assert not AdmissionController(bf, None, slo_s=0.03)._sawtooth
+    # the tile rows: the swapped small-M tiles' 16, then 64, then 128 (bf16: every step size is its own)
+    assert [p8.tile_row_end(t) for t in (1, 16, 17, 65, 128, 129, 1025)] == [16, 16, 64, 128, 128, 256, 1152]
+    assert [bf.tile_row_end(t) for t in (1, 17, 129, 1025)] == [1, 17, 129, 1025]
     view = QueueView([1000 + 7 * i for i in range(32)], [], [4096, 4096], LIMIT_TOKENS, LIMIT_SEQS)
     better = 0
     for slo_ms in (22.0, 34.0, 51.0):
         snap = AdmissionController(p8, None, slo_s=slo_ms / 1e3, margin=0.0)
-        unit = snap._row_unit
-        assert unit == 128
+        assert snap._sawtooth
         plain = AdmissionController(p8, None, slo_s=slo_ms / 1e3, margin=0.0)
-        plain._row_unit = 0
+        plain._sawtooth = False
         d, d0 = snap.decide(view, None), plain.decide(view, None)
         assert d.predicted_s <= slo_ms / 1e3 and d.evaluations <= snap.max_evaluations
         assert d.token_budget >= d0.token_budget
         if d.token_budget > d0.token_budget:
             better += 1
-            assert d.token_budget % unit == 0  # the full tile row it probed
+            assert d.token_budget % 128 == 0  # the full tile row it probed
             assert d.predicted_s < d0.predicted_s  # more tokens, a faster step
     assert better >= 2
 

@@ -26,6 +26,7 @@ from m2live.planner import (
     validate_opbench,
     validate_vidur,
 )
+from m2live.planner.layout import max_true
 from m2live.record import StepRecord
 from m2live.vllm_release import VllmRelease
 from m2live.workload import WorkloadError, from_trace, parse_workload, preset
@@ -261,6 +262,31 @@ def test_operating_point_meets_slo_and_search_is_tight():
             assert lm.t_steady(b_max + 1) > cfg.slo_s
         assert lm.kv_needed(res.decode_batch) <= res.memory.kv_tokens
         assert 0 < res.chunk_budget <= lm.cfg.max_batched_tokens
+
+
+@pytest.mark.parametrize("model,tp,wl,slo", [(L8, 1, "summarisation", 0.048), (L8, 1, "summarisation", 0.05),
+                                            ("meta-llama/Llama-3.1-70B", 2, "chat", 0.018)])
+def test_sawtooth_step_time_search_finds_the_largest_batch(model, tp, wl, slo):
+    """fp8 on Hopper the step time is a sawtooth in the tokens (a GEMM's emptier last tile row is slower, as
+    opbench_fp8 measures): bisection alone stops short of batches that fit; the search that goes on from each
+    answer to the step filling the next tile row finds the largest, every B tried for the truth. bf16 unchanged."""
+    lm = LayoutModel(get_gpu("h100-sxm"), get_model(model), tp, preset(wl).stats(),
+                     PlanConfig(slo_s=slo, precision="fp8"))
+    cap, _ = lm.resource_cap()
+
+    def ok(b: int) -> bool:
+        return lm.t_steady(b) <= slo
+
+    truth = max(b for b in range(1, cap + 1) if ok(b))
+    assert max_true(1, cap, ok) < truth  # what bisection alone returns
+    assert lm.max_batch(slo, cap) == truth
+    chunk = lm.chunk_budget(truth, slo)  # the same search over the chunk: it fits
+    assert chunk == 0 or lm.time(Step.build([(chunk, max(0, (lm.p_attn - min(chunk, lm.p_attn)) // 2))],
+                                            [lm.ctx] * truth)) <= slo
+    bf = LayoutModel(get_gpu("h100-sxm"), get_model(model), tp, preset(wl).stats(), PlanConfig(slo_s=slo))
+    cap, _ = bf.resource_cap()
+    assert bf.pred.tile_row_end(129) == 129
+    assert bf.max_batch(slo, cap) == max_true(1, cap, lambda b: bf.t_steady(b) <= slo)
 
 
 def test_looser_slo_never_fewer_decodes_and_impossible_slo_is_reported():
