@@ -168,6 +168,9 @@ class ArchConstants:
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
     prefill_pack_gqa: bool = False
+    # plain multi-head prefill (one query head per KV head) streams its KV in series with its MMAs, not under them
+    # (FlashInfer's TRT-LLM context kernels on the B300: see ARCH["blackwell"])
+    prefill_mha_kv_serial: bool = False
     # a step holding both prefill chunks and decodes runs them in one attention call per layer (vLLM's FlashAttention
     # backends: one varlen kernel over every sequence, one KV-cache write), so the call's fixed part (t_attn_over)
     # is paid once; FlashInfer's backend runs its prefill and decode kernels one after the other
@@ -425,6 +428,7 @@ ARCH: dict[str, ArchConstants] = {
         # Chosen on the B300 prefill table (refitted: 128 rows 9.9 %, 256 rows 8.5 %; a longest-first tile
         # order, as a persistent scheduler might hand out, 8.8 %)
         attn_block_m=256,
+        prefill_mha_kv_serial=True,
         # tcgen05 MMAs: a CTA pair shares one 256-wide tile (2-SM UMMA), so cuBLAS has 256x256 tiles too
         tiles=((64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128), (256, 256)),
         memory="HBM3e", fitted_on="opbench b300_sxm (NVIDIA B300 SXM6 AC), bench/fit_constants.py",

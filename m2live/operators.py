@@ -372,6 +372,8 @@ class OpModel:
         t_items = ctas * kv_heads * c.block_cost / self._sms
         tc += t_items
         tm += t_items
+        if c.prefill_mha_kv_serial and heads == kv_heads:  # the KV stream in series with the MMAs
+            tc += 2.0 * head_dim * kv_heads * kv_tokens * self.kv_elt / (self.bw * c.eta_attn_mem)
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
                                    "eta_mem": c.eta_attn_mem}, t_after)
 

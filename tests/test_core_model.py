@@ -359,11 +359,17 @@ def test_more_heads_never_make_a_prefill_faster_across_the_list_schedules_limit(
 
     # (not the H100: FA3 splits a small grid's KV by a heuristic of its own, fa3_splits, and one more head can
     # change the split count and be faster, as the kernel is)
+    # (on the B200, one query head on one KV head is a multi-head call, whose KV the TRT-LLM context kernel streams
+    # in series, prefill_mha_kv_serial; a second query head on that KV head is grouped-query: the B300's table has
+    # the two within a few per cent either way, and so does the model)
     for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA B200", "NVIDIA RTX PRO 6000 Blackwell Server Edition"):
         om = OpModel(gpu)
         for isl, b in ((1024, 1), (2048, 2), (1500, 1), (8192, 1), (512, 8)):
             for kv in ("mha", "one"):
                 t = [om.prefill_attention([(isl, 0)] * b, h, h if kv == "mha" else 1, 128).t for h in range(1, 65)]
+                if kv == "one" and om.c.prefill_mha_kv_serial:
+                    assert t[1] >= 0.95 * t[0]
+                    t = t[1:]
                 assert all(y >= x * (1 - 1e-9) for x, y in zip(t, t[1:], strict=False)), (gpu, isl, b, kv)
 
 
