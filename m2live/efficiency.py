@@ -428,6 +428,10 @@ ARCH: dict[str, ArchConstants] = {
         # Chosen on the B300 prefill table (refitted: 128 rows 9.9 %, 256 rows 8.5 %; a longest-first tile
         # order, as a persistent scheduler might hand out, 8.8 %)
         attn_block_m=256,
+        # ...and with one query head per KV head they stream the KV in series with their MMAs: on the B300 table 32
+        # heads at b = 16, 512 tokens take 163 us on 32 KV heads, 93 on 8, 72 on 1, the difference 0.6-0.75 us per
+        # extra MB of KV; grouped-query shows none of it. Priced at bw x eta_attn_mem, no constant of its own
+        # (a scanned rate did no better): B300 prefill 5.39 -> 5.08 % (docs/accuracy.md)
         prefill_mha_kv_serial=True,
         # tcgen05 MMAs: a CTA pair shares one 256-wide tile (2-SM UMMA), so cuBLAS has 256x256 tiles too
         tiles=((64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128), (256, 256)),

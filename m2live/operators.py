@@ -281,7 +281,8 @@ class OpModel:
 
     # ---- attention ------------------------------------------------------------------------------
     def prefill_attention(
-        self, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, f_clk: float = 1.0
+        self, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, f_clk: float = 1.0,
+        call_seqs: int = 0,
     ) -> OpTime:
         """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix.
 
@@ -289,7 +290,12 @@ class OpModel:
         prologue/epilogue worth k0_attn keys for each of its query rows (eta_duty) — rows padded to the kernel's
         row block where it does not pack query heads into one tile (FlashAttention-2). Short chunks are
         latency- and duty-bound. Where the kernel splits the KV of a grid too small for the SMs (FA3,
-        ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, plus one combine.
+        ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, and the split's fp32
+        partial outputs are stored and merged by a combine kernel (``_split_partials``). FA3 decides the split
+        for the whole varlen call — its sequences x KV heads x the longest query's packed blocks — so
+        ``call_seqs`` counts the sequences sharing the call (a mixed step's decodes too; 0: these alone). Where
+        the kernel streams a plain multi-head call's KV in series with its MMAs (``prefill_mha_kv_serial``) that
+        stream is added to the compute branch (its time, not its FLOPs: the branch label then says compute).
         """
         c = self.c
         if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
@@ -338,8 +344,12 @@ class OpModel:
         flops = 4.0 * heads * head_dim * pairs
         ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
-        # FA3 splits the KV when the query tiles (query heads packed per KV head) are few
-        split = fa3_splits(packed * kv_heads, -(-kv_max // DECODE_KEY_BLOCK), self._sms) if c.prefill_split else 1
+        # FA3 splits the KV when the query tiles (query heads packed per KV head) are few: counted as it counts
+        # them for a varlen call, every sequence in the call at the longest query's packed blocks
+        split = 1
+        if c.prefill_split:
+            mblocks = max(len(seqs), call_seqs) * kv_heads * -(-max(new for new, _ in seqs) * group // bm)
+            split = fa3_splits(mblocks, -(-kv_max // DECODE_KEY_BLOCK), self._sms)
         tiles = packed * kv_heads if pack else ctas * heads
         work = (flops + ovh) / (4.0 * head_dim)
         lim = LIST_SCHEDULE_TILES_PER_SM * self._sms
@@ -367,8 +377,10 @@ class OpModel:
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
         tm = nbytes / (self.bw * c.eta_attn_mem)
         t_after = self._cache_write(kv_heads, head_dim, q_tokens)
-        if split > 1:  # the split's partial outputs, stored and merged (t_split: the combine kernel's launch)
+        if split > 1:  # the split's partial outputs, stored and merged (t_split: the combine kernel's launch);
+            # the combine, not the kernel, writes the output
             t_after += c.t_split + self._split_partials(split, q_tokens, heads, head_dim)
+            tm -= heads * q_tokens * head_dim * self.attn_elt / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self._sms
         tc += t_items
         tm += t_items

@@ -316,7 +316,9 @@ class Predictor:
         o = self.ops
         heads, kv_heads, head_dim = self._attn_dims
         pre, dec = step.prefill_seqs, step.decode_contexts
-        t_pre = o.prefill_attention(pre, heads, kv_heads, head_dim, f) if pre else None
+        # on the one-call backends (FA3) the decodes share the prefill's call, and its split decision
+        call = len(pre) + len(dec) if o.c.attn_mixed_one_call else 0
+        t_pre = o.prefill_attention(pre, heads, kv_heads, head_dim, f, call) if pre else None
         if t_pre is not None:
             rec.op("attn_prefill", t_pre, layers)
         else:

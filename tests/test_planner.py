@@ -280,9 +280,13 @@ def test_sawtooth_step_time_search_finds_the_largest_batch(model, tp, wl, slo):
     truth = max(b for b in range(1, cap + 1) if ok(b))
     assert max_true(1, cap, ok) < truth  # what bisection alone returns
     assert lm.max_batch(slo, cap) == truth
-    chunk = lm.chunk_budget(truth, slo)  # the same search over the chunk: it fits
-    assert chunk == 0 or lm.time(Step.build([(chunk, max(0, (lm.p_attn - min(chunk, lm.p_attn)) // 2))],
-                                            [lm.ctx] * truth)) <= slo
+    def chunk_ok(c: int) -> bool:  # the chunk search's own test (LayoutModel.chunk_budget)
+        return lm.time(Step.build([(c, max(0, (lm.p_attn - min(c, lm.p_attn)) // 2))], [lm.ctx] * truth)) <= slo
+
+    chunk = lm.chunk_budget(truth, slo)  # the same search over the chunk: it fits, and on a sawtooth as well
+    assert chunk == 0 or chunk_ok(chunk)
+    if slo == 0.048:  # every chunk tried once: none larger fits (the budget's whole range, ~8 K predictions)
+        assert not any(chunk_ok(c) for c in range(chunk + 1, lm.cfg.max_batched_tokens - truth + 1))
     bf = LayoutModel(get_gpu("h100-sxm"), get_model(model), tp, preset(wl).stats(), PlanConfig(slo_s=slo))
     cap, _ = bf.resource_cap()
     assert bf.pred.tile_row_end(129) == 129

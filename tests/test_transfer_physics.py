@@ -661,8 +661,12 @@ def test_a_split_prefill_pays_for_its_partial_outputs():
     h100 = OpModel(H100)
     split_t, whole_t = (h100.prefill_attention([(1024, 0)], h, h, 128).t for h in (12, 16))
     assert split_t > whole_t
-    # more splits, more partial bytes: never cheaper than the same grid's unsplit stores
-    assert h100._split_partials(4, 1024, 12, 128) > h100._split_partials(2, 1024, 12, 128) > 0
+    # FA3 decides the split for the whole varlen call: a 1 K chunk of 8 query heads on one KV head (Llama-3.1-70B
+    # at TP 8, 64 packed tiles) splits alone, and not with 64 decodes in the same call
+    chunk = [(1024, 0)]
+    unsplit = OpModel(H100, constants=replace(h100.c, prefill_split=False)).prefill_attention(chunk, 8, 1, 128).t
+    assert h100.prefill_attention(chunk, 8, 1, 128).t != unsplit
+    assert h100.prefill_attention(chunk, 8, 1, 128, call_seqs=65).t == unsplit
     from conftest import OPBENCH
 
     from m2live.validate import RowPredictor, in_core_region, measured, read_table
