@@ -159,9 +159,9 @@ class AdmissionController:
         self._dec_cache: tuple[list[int], tuple[tuple[int, int], ...]] = ([], ())
         self._warm: int | None = None  # last binding budget (warm start of the next search)
         self._clock_ratio_last: float | None = None
-        # where the step time is a sawtooth in the tokens (a GEMM's last tile row costs more the emptier it is:
-        # efficiency tma_oob, fp8 on Hopper), step 5 of the search probes the next full tile row
-        self._sawtooth = bool(predictor.gemm_ops.c.tma_oob)
+        # where the step time is a sawtooth in the tokens (Predictor.sawtooth: fp8 on Hopper), step 5 of the search
+        # probes the next full tile row
+        self._sawtooth = predictor.sawtooth
 
     # ---- configuration ----------------------------------------------------------------------------------
     def set_slo(self, slo_s: float | None) -> None:

@@ -311,8 +311,9 @@ class OpModel:
         k0 = c.k0_attn
         k0_full = k0 * (-(-bm // pad) * pad if pad else bm)  # a full tile's prologue/epilogue
         group = heads // kv_heads
-        packed = 0  # query tiles with a KV head's query heads packed as rows (FA3's split rule counts those)
+        packed = 0  # query tiles with a KV head's query heads packed as rows (prefill_pack_gqa)
         kv_max = 0
+        new_max = 0
         pack = c.prefill_pack_gqa
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
@@ -323,6 +324,7 @@ class OpModel:
             npk = -(-new * group // bm)
             packed += npk
             kv_max = max(kv_max, ctx + new)
+            new_max = max(new_max, new)
             padded = pad and new > 1
             rows += -(-new // pad) * pad if padded else new
             # the longest tile is one of the last two (the last one may be short); packed (prefill_pack_gqa),
@@ -348,7 +350,7 @@ class OpModel:
         # them for a varlen call, every sequence in the call at the longest query's packed blocks
         split = 1
         if c.prefill_split:
-            mblocks = max(len(seqs), call_seqs) * kv_heads * -(-max(new for new, _ in seqs) * group // bm)
+            mblocks = max(len(seqs), call_seqs) * kv_heads * -(-new_max * group // bm)
             split = fa3_splits(mblocks, -(-kv_max // DECODE_KEY_BLOCK), self._sms)
         tiles = packed * kv_heads if pack else ctas * heads
         work = (flops + ovh) / (4.0 * head_dim)
@@ -372,20 +374,20 @@ class OpModel:
             else:
                 t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
-        nbytes = head_dim * (2 * heads * q_tokens * self.attn_elt + 2 * kv_heads * kv_tokens * self.kv_elt)
+        # q read, the output written (by the kernel; under a split by the combine, in _split_partials), the KV read
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
-        tm = nbytes / (self.bw * c.eta_attn_mem)
+        rate = self.bw * c.eta_attn_mem
+        t_kv = 2.0 * head_dim * kv_heads * kv_tokens * self.kv_elt / rate
+        tm = head_dim * heads * q_tokens * self.attn_elt * (2 if split == 1 else 1) / rate + t_kv
         t_after = self._cache_write(kv_heads, head_dim, q_tokens)
-        if split > 1:  # the split's partial outputs, stored and merged (t_split: the combine kernel's launch);
-            # the combine, not the kernel, writes the output
+        if split > 1:  # the split's partial outputs, stored and merged (t_split: the combine kernel's launch)
             t_after += c.t_split + self._split_partials(split, q_tokens, heads, head_dim)
-            tm -= heads * q_tokens * head_dim * self.attn_elt / (self.bw * c.eta_attn_mem)
         t_items = ctas * kv_heads * c.block_cost / self._sms
         tc += t_items
         tm += t_items
         if c.prefill_mha_kv_serial and heads == kv_heads:  # the KV stream in series with the MMAs
-            tc += 2.0 * head_dim * kv_heads * kv_tokens * self.kv_elt / (self.bw * c.eta_attn_mem)
+            tc += t_kv
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_wave": wave, "eta_active": c.eta_attn, "eta_duty": duty,
                                    "eta_mem": c.eta_attn_mem}, t_after)
 

@@ -233,16 +233,22 @@ class Predictor:
             flops += g * (self.ops.peak / self.gemm_ops.peak - 1.0)
         return self.ops.clock_ratio(flops, t, nbytes)
 
+    @property
+    def sawtooth(self) -> bool:
+        """Whether the step time is a sawtooth in the tokens (the projection GEMMs slow as their last row of
+        activation tiles empties: ``ArchConstants.tma_oob``, fp8 on Hopper) rather than growing with them; the
+        searches over a step's size then also try ``tile_row_end``."""
+        return self.gemm_ops.c.tma_oob > 0
+
     def tile_row_end(self, tokens: int) -> int:
         """The smallest step size (tokens) from ``tokens`` up that fills the last row of activation tiles of every
         projection GEMM, where the GEMMs slow as that row empties (``ArchConstants.tma_oob``: fp8 on Hopper) — so
         the step time is a sawtooth in the tokens and a step of this size can be faster than one of ``tokens``;
         ``tokens`` itself where the time grows with the tokens. The rows are the picks' at ``tokens`` (16 for the
         swapped small-M tiles, 64 or 128 above): the largest of them, which the others divide."""
-        g = self.gemm_ops
-        if not g.c.tma_oob or tokens <= 0:
+        if not self.sawtooth or tokens <= 0:
             return tokens
-        bm = max(g.gemm_pick(tokens, n, k).tile[0] for _, n, k in self._gemm_list)
+        bm = max(self.gemm_ops.gemm_pick(tokens, n, k).tile[0] for _, n, k in self._gemm_list)
         return -(-tokens // bm) * bm
 
     # ---- the step equation ------------------------------------------------------------------------------

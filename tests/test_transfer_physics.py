@@ -33,6 +33,20 @@ H100, H200, B200, B300 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200", 
 L40S, PRO6000 = "NVIDIA L40S", "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
+def region_errors(folder: str, name: str, keep, rp=None) -> list[tuple[float, float]]:
+    """(measured ms, predicted / measured - 1) of the scored-region rows of one opbench table that ``keep(row)``
+    selects (rows a collector failed to measure left out)."""
+    from conftest import OPBENCH
+
+    from m2live.validate import RowPredictor, in_core_region, measured, read_table
+
+    t = read_table(OPBENCH / folder / name)
+    rp = rp or RowPredictor()
+    return [(ms, rp.predict_row(kind, row, i, t.path) / ms - 1.0)
+            for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, measured(t), strict=True), start=2)
+            if in_core_region(kind, row) and not math.isnan(ms) and keep(row)]
+
+
 @pytest.mark.parametrize("name, family", [
     ("NVIDIA A100-SXM4-80GB", "ampere"), ("NVIDIA A40", "ampere"), (L40S, "ada"), (H100, "hopper"),
     (H200, "hopper"), (B200, "blackwell"), (B300, "blackwell"), (PRO6000, "blackwell_rtx"),
@@ -269,18 +283,10 @@ def test_burst_clock_is_the_mean_over_the_timed_window():
 def test_long_gemm_bursts_carry_no_size_bias_on_the_tables_that_show_the_limiter():
     """Without the fast loop the H100's and B300's GEMMs of >= 1 ms a call came out 8 % / 17 % fast against their
     0.1-0.3 ms ones (the same tiles, at every M, N and K); with it the two groups agree within 4 points."""
-    from conftest import OPBENCH
-
-    from m2live.validate import RowPredictor, in_core_region, measured, read_table
-
     for folder in ("h100_sxm", "b300_sxm"):
-        t = read_table(OPBENCH / folder / "gemm_bf16.csv")
-        rp = RowPredictor()
-        short, long_ = [], []
-        for i, (kind, row, ms) in enumerate(zip(t.kinds, t.rows, measured(t), strict=True), start=2):
-            if not in_core_region(kind, row) or int(row["m"]) < 1024 or not (0.1 <= ms < 0.3 or ms >= 1.0):
-                continue
-            (short if ms < 0.3 else long_).append(rp.predict_row(kind, row, i, t.path) / ms - 1.0)
+        errs = region_errors(folder, "gemm_bf16.csv", lambda row: int(row["m"]) >= 1024)
+        short = [e for ms, e in errs if 0.1 <= ms < 0.3]
+        long_ = [e for ms, e in errs if ms >= 1.0]
         bias_short, bias_long = sum(short) / len(short), sum(long_) / len(long_)
         assert abs(bias_long - bias_short) < 0.04, (folder, bias_short, bias_long)
 
@@ -667,19 +673,11 @@ def test_a_split_prefill_pays_for_its_partial_outputs():
     unsplit = OpModel(H100, constants=replace(h100.c, prefill_split=False)).prefill_attention(chunk, 8, 1, 128).t
     assert h100.prefill_attention(chunk, 8, 1, 128).t != unsplit
     assert h100.prefill_attention(chunk, 8, 1, 128, call_seqs=65).t == unsplit
-    from conftest import OPBENCH
-
-    from m2live.validate import RowPredictor, in_core_region, measured, read_table
-
-    table = read_table(OPBENCH / "h100_sxm" / "prefill_attention_bf16.csv")
-    rp = RowPredictor()
-    errs = []
-    for i, (kind, row, ms) in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2):
-        if not in_core_region(kind, row) or math.isnan(ms):
-            continue
+    def split(row: dict[str, str]) -> bool:
         b, isl, h, kv = (int(row[c]) for c in ("batch_size", "isl", "num_heads", "num_key_value_heads"))
-        if fa3_splits(b * -(-isl * (h // kv) // 128) * kv, -(-isl // DECODE_KEY_BLOCK), h100._sms) > 1:
-            errs.append(abs(rp.predict_row(kind, row, i, table.path) - ms) / ms)
+        return fa3_splits(b * -(-isl * (h // kv) // 128) * kv, -(-isl // DECODE_KEY_BLOCK), h100._sms) > 1
+
+    errs = [abs(e) for _, e in region_errors("h100_sxm", "prefill_attention_bf16.csv", split)]
     assert len(errs) >= 50
     assert sum(errs) / len(errs) < 0.10
 
@@ -699,19 +697,15 @@ def test_plain_multi_head_prefill_streams_its_kv_in_series_on_blackwell():
     assert b300.prefill_attention(seqs, 32, 32, 128).t == pytest.approx(
         off.prefill_attention(seqs, 32, 32, 128).t + kv_s, rel=0.05)
     assert b300.prefill_attention(seqs, 32, 8, 128).t == off.prefill_attention(seqs, 32, 8, 128).t  # GQA as before
-    from conftest import OPBENCH
+    from m2live.validate import RowPredictor
 
-    from m2live.validate import RowPredictor, in_core_region, measured, read_table
+    def many_head_mha(row: dict[str, str]) -> bool:
+        return row["num_heads"] == row["num_key_value_heads"] and int(row["num_heads"]) >= 12
 
-    table = read_table(OPBENCH / "b300_sxm" / "prefill_attention_bf16.csv")
     scores = []
     for consts in (None, off.c):
         rp = RowPredictor(constants={"blackwell": consts} if consts else None)
-        errs = []
-        for i, (kind, row, ms) in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2):
-            if in_core_region(kind, row) and not math.isnan(ms) and row["num_heads"] == row["num_key_value_heads"] \
-                    and int(row["num_heads"]) >= 12:
-                errs.append(abs(rp.predict_row(kind, row, i, table.path) - ms) / ms)
+        errs = [abs(e) for _, e in region_errors("b300_sxm", "prefill_attention_bf16.csv", many_head_mha, rp)]
         scores.append(sum(errs) / len(errs))
     assert scores[0] < 0.10 < scores[1]
 

@@ -146,7 +146,7 @@ class LayoutModel:
     def search(self, lo: int, hi: int, ok: Callable[[int], bool], tokens: Callable[[int], int]) -> int:
         """Largest x in [lo, hi] whose step (of ``tokens(x)`` tokens) is ok: bisection, and on a sawtooth step
         time (fp8 on Hopper) ``max_true_sawtooth``."""
-        if not self.pred.gemm_ops.c.tma_oob:
+        if not self.pred.sawtooth:
             return max_true(lo, hi, ok)
         return max_true_sawtooth(lo, hi, ok, tokens, self.pred.tile_row_end)
 
