@@ -168,6 +168,9 @@ class ArchConstants:
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
     prefill_pack_gqa: bool = False
+    # a prefill CTA works on two query tiles of attn_row_pad rows, one tile's softmax hidden under the other's MMAs
+    # (ping-pong): a chunk of an odd number of tiles leaves one of them alone, slower (OpModel._lone_tile)
+    prefill_pingpong: bool = False
     # plain multi-head prefill (one query head per KV head) streams its KV in series with its MMAs, not under them
     # (FlashInfer's TRT-LLM context kernels on the B300: see ARCH["blackwell"])
     prefill_mha_kv_serial: bool = False
@@ -428,6 +431,14 @@ ARCH: dict[str, ArchConstants] = {
         # Chosen on the B300 prefill table (refitted: 128 rows 9.9 %, 256 rows 8.5 %; a longest-first tile
         # order, as a persistent scheduler might hand out, 8.8 %)
         attn_block_m=256,
+        # ...so a prompt of one 128-row tile (64-128 tokens) runs it alone: no partner, its softmax in series with
+        # its MMAs, the diagonal block computed whole (OpModel._lone_tile; no constant: the SFU and FP32 rates
+        # against the tensor peak). On the B300 table a head costs more at 128 tokens than at 256 for the same
+        # tokens (16 K tokens, 8 KV heads: 3.31 us a head against 2.82; the model had 2.57 against 2.79): grouped-
+        # query rows of 128 tokens -8.7 % bias, 9.8 % error -> +1.1 / 5.2 %, of 64 tokens -3.7 / 4.9 -> -0.7 /
+        # 3.4 %; B300 prefill 5.08 -> 4.76 % (a refit of eta_attn, k0_attn: 4.71 %, not taken). Pricing the lone
+        # tile's masked rows too (128 of them) did worse (5.13 %), the serial softmax alone less (4.92 %)
+        prefill_pingpong=True,
         # ...and with one query head per KV head they stream the KV in series with their MMAs: on the B300 table 32
         # heads at b = 16, 512 tokens take 163 us on 32 KV heads, 93 on 8, 72 on 1, the difference 0.6-0.75 us per
         # extra MB of KV; grouped-query shows none of it. Priced at bw x eta_attn_mem, no constant of its own

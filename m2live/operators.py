@@ -315,6 +315,7 @@ class OpModel:
         kv_max = 0
         new_max = 0
         pack = c.prefill_pack_gqa
+        lone = 0.0  # work the lone query tiles of ping-pong CTAs add (_lone_tile), in key-row units
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
@@ -338,13 +339,15 @@ class OpModel:
             else:
                 p0 = (nq - 1) * bm
                 r = new - p0
-                u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
+                extra = self._lone_tile(new, ctx, head_dim) if c.prefill_pingpong else 0.0
+                lone += extra
+                u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r) + extra
                 if nq > 1:
                     u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
             if u > u_max:
                 u_max = u
         flops = 4.0 * heads * head_dim * pairs
-        ovh = 4.0 * heads * head_dim * k0 * rows
+        ovh = 4.0 * heads * head_dim * (k0 * rows + lone)
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few: counted as it counts
         # them for a varlen call, every sequence in the call at the longest query's packed blocks
@@ -356,7 +359,7 @@ class OpModel:
         work = (flops + ovh) / (4.0 * head_dim)
         lim = LIST_SCHEDULE_TILES_PER_SM * self._sms
         if split == 1 and tiles < 2 * lim:  # a small grid: its tail list-scheduled
-            span = self._list_makespan(seqs, kv_heads if pack else heads, group if pack else 1, k0, work)
+            span = self._list_makespan(seqs, kv_heads if pack else heads, group if pack else 1, k0, work, head_dim)
             if tiles > lim:  # towards the closed form, which is within 2 % by then: no step in the time at lim
                 w = (tiles - lim) / lim
                 span = (1.0 - w) * span + w * work / (self._sms * self._tile_makespan_fill(tiles, work, u_max))
@@ -372,7 +375,8 @@ class OpModel:
             if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
                 tc += scores * self._softmax_cost(head_dim) / (f_clk * wave)
             else:
-                t_exp = scores / (self._exp_rate * f_clk * wave)
+                # (over the paired tiles' share of the grid's work: a lone tile's softmax is in its own work)
+                t_exp = scores / (self._exp_rate * f_clk * wave * (1.0 - heads * lone / work if lone else 1.0))
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         # q read, the output written (by the kernel; under a split by the combine, in _split_partials), the KV read
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
@@ -473,6 +477,22 @@ class OpModel:
             t_after += c.t_relayout + self.elementwise(copied, RELAYOUT_COPIES).t_memory
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
+    def _lone_tile(self, new: int, ctx: int, head_dim: int) -> float:
+        """Work, in key-row units, that a chunk's lone query tile adds where the kernel's CTAs ping-pong two
+        tiles (``prefill_pingpong``). A chunk of an odd number of row tiles leaves its last CTA one tile with no
+        partner to hide its softmax under: that tile's MMAs run the whole diagonal key block (its masked half
+        too) and its softmax (``_softmax_cost``: exponentials on the SFUs, the rest on the FP32 pipe) runs in series
+        with them, over every key its rows read — where a paired tile's causal pairs are priced at the tensor
+        rate alone (eta_attn, fitted on paired tiles). No constant of its own: the softmax's cost relative to the
+        MMAs' is the datasheet's SFU and FP32 rates against the tensor peak."""
+        pad = self.c.attn_row_pad or self.c.attn_block_m
+        tiles = -(-new // pad)
+        if tiles % 2 == 0:
+            return 0.0
+        r = new - (tiles - 1) * pad  # the lone tile's rows, its last reading ctx + new keys
+        serial = self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim)
+        return r * (r - 1) / 2.0 + serial * r * (ctx + new)
+
     def _softmax_cost(self, head_dim: int) -> float:
         """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its
         MMAs: one exponential on the SFUs, FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe. Cached
@@ -501,7 +521,8 @@ class OpModel:
             t = max(t, work / sms + u_max - mean)
         return work / (sms * t)
 
-    def _list_makespan(self, seqs: list[tuple[int, int]], heads: int, group: int, k0: float, work: float) -> float:
+    def _list_makespan(self, seqs: list[tuple[int, int]], heads: int, group: int, k0: float, work: float,
+                       head_dim: int) -> float:
         """Makespan, in the work units of ``_tile_makespan_fill``, of a small prefill grid (``heads`` grid heads,
         ``group`` query heads packed into each tile's rows) dispatched in its kernel's order (``attn_tile_order``:
         FlashAttention-2's grid, or FA3's longest-first persistent scheduler), each tile to the SM that frees
@@ -511,7 +532,7 @@ class OpModel:
         predicted 8.3 / 8.1 / 1.8 % short. Up to LIST_SCHEDULE_TILES_PER_SM tiles per SM every tile is scheduled; past it,
         the last that many after the others' ``work`` spread evenly (the caller blends that into the closed form
         by twice as many, so that one more head or sequence never shortens the time). Cached per (chunks, heads)."""
-        key = (tuple(seqs), heads, group)
+        key = (tuple(seqs), heads, group, head_dim)
         hit = self._makespan_cache.get(key)
         if hit is not None:
             return hit
@@ -527,7 +548,8 @@ class OpModel:
             if rows > n_full * bm:  # the last, partial tile (its rows' prologue padded to the kernel's row block)
                 s0, r = n_full * bm, rows - n_full * bm
                 tiles.append(r * (ctx + s0 / group + (r / group + 1) / 2.0)
-                             + k0 * (-(-r // pad) * pad if pad and new > 1 else r))
+                             + k0 * (-(-r // pad) * pad if pad and new > 1 else r)
+                             + (self._lone_tile(new, ctx, head_dim) if self.c.prefill_pingpong else 0.0))
             per_seq.append(tiles[::-1] if lpt else tiles)
         # FlashAttention-2's grid (blockIdx.x the query block, then the sequence, then the head): head by head, each
         # sequence's tiles in turn; FA3's varlen scheduler: sequence by sequence, each head's tiles longest first

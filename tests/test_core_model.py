@@ -339,11 +339,13 @@ def test_small_prefill_grids_are_list_scheduled_within_their_bounds(gpu):
         starts = range(0, isl, bm)  # each tile's first query row; its rows' prologue padded
         per_head = [min(bm, isl - p0) * (p0 + (min(bm, isl - p0) + 1) / 2.0) + k0 * -(-min(bm, isl - p0) // pad) * pad
                     for p0 in starts]
+        if om.c.prefill_pingpong:  # the last CTA's lone tile, where the prompt has an odd number of row tiles
+            per_head[-1] += om._lone_tile(isl, 0, 128)
         tiles = per_head * b * heads
         work, u_max = sum(tiles), max(tiles)
         if len(tiles) > LIST_SCHEDULE_TILES_PER_SM * sms:
             continue
-        span = om._list_makespan(seqs, heads, 1, k0, work)
+        span = om._list_makespan(seqs, heads, 1, k0, work, 128)
         assert span >= u_max * (1 - 1e-12) and span >= work / sms * (1 - 1e-12)
         if len(tiles) <= sms:
             assert span == pytest.approx(u_max)
@@ -599,3 +601,29 @@ def test_the_lm_head_pays_the_sampler_per_logit_and_the_vocab_gather_under_tp():
     tp2 = Predictor("h100-sxm", base, tp=2)
     gemm2 = tp2.ops.gemm(64, *tp2._lm_nk, 1.0).t
     assert tp2.t_lm_head(64, 1.0).t - gemm2 >= 64 * base.vocab * SAMPLER_BYTES_PER_LOGIT / bw + 20e-6
+
+
+def test_trtllm_prefill_lone_tile_runs_its_softmax_in_series():
+    """FlashInfer's TRT-LLM context kernels (B300, B200) ping-pong two 128-row query tiles per CTA, one's softmax
+    under the other's MMAs; a prompt of an odd number of tiles leaves one alone, its softmax in series and its
+    diagonal block computed whole. The B300's table: at 16 K tokens on 8 KV heads a query head costs more at
+    128 tokens a prompt than at 256 (3.31 against 2.82 us), and so does the model; an even tile count adds
+    nothing; the lone tile's cost grows with the keys it reads; the FA2 / FA3 kernels have no such tile."""
+    from m2live.predictor import OpModel
+
+    b300 = OpModel("NVIDIA B300 SXM6 AC")
+    assert b300.c.prefill_pingpong and b300.c.attn_row_pad * 2 == b300.c.attn_block_m
+
+    def per_head(isl: int) -> float:
+        t = [b300.prefill_attention([(isl, 0)] * (16384 // isl), h, 8, 128).t for h in (32, 96)]
+        return (t[1] - t[0]) / 64
+
+    assert per_head(128) > per_head(256)
+    assert b300._lone_tile(256, 0, 128) == 0.0 and b300._lone_tile(512, 1000, 128) == 0.0
+    assert 0.0 < b300._lone_tile(100, 0, 128) < b300._lone_tile(128, 0, 128) < b300._lone_tile(128, 4096, 128)
+    assert b300._lone_tile(384, 0, 128) == b300._lone_tile(128, 256, 128)  # the third tile, after 256 rows
+    # the B200 has half the B300's SFUs: its lone tile's softmax weighs more against the same MMAs
+    b200 = OpModel("NVIDIA B200")
+    assert b200._lone_tile(128, 0, 128) > b300._lone_tile(128, 0, 128)
+    for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L40S"):
+        assert not OpModel(gpu).c.prefill_pingpong
