@@ -209,6 +209,10 @@ class ArchConstants:
     borrowed_from: str | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_pingpong and (self.prefill_pack_gqa or self.attn_block_m != 2 * self.attn_row_pad):
+            # OpModel._lone_tile reads the CTA as two unpacked tiles of attn_row_pad rows
+            raise ValueError("ArchConstants.prefill_pingpong needs unpacked tiles (prefill_pack_gqa False) and "
+                             "attn_block_m = 2 x attn_row_pad")
         if self.tma_oob < 0:  # a negative slowdown could price a GEMM at zero or negative time
             raise ValueError(f"ArchConstants.tma_oob must be >= 0, got {self.tma_oob!r}")
         # the kernel facts named by a string: a misspelt one would silently take the default branch
@@ -432,12 +436,13 @@ ARCH: dict[str, ArchConstants] = {
         # order, as a persistent scheduler might hand out, 8.8 %)
         attn_block_m=256,
         # ...so a prompt of one 128-row tile (64-128 tokens) runs it alone: no partner, its softmax in series with
-        # its MMAs, the diagonal block computed whole (OpModel._lone_tile; no constant: the SFU and FP32 rates
-        # against the tensor peak). On the B300 table a head costs more at 128 tokens than at 256 for the same
-        # tokens (16 K tokens, 8 KV heads: 3.31 us a head against 2.82; the model had 2.57 against 2.79): grouped-
-        # query rows of 128 tokens -8.7 % bias, 9.8 % error -> +1.1 / 5.2 %, of 64 tokens -3.7 / 4.9 -> -0.7 /
-        # 3.4 %; B300 prefill 5.08 -> 4.76 % (a refit of eta_attn, k0_attn: 4.71 %, not taken). Pricing the lone
-        # tile's masked rows too (128 of them) did worse (5.13 %), the serial softmax alone less (4.92 %)
+        # its MMAs (OpModel._lone_tile; no constant: the SFU and FP32 rates against the tensor peak, 0.82 of the
+        # MMA time a score on the B300, capped at 1). On the B300 table a head costs more at 128 tokens than at
+        # 256 for the same tokens (16 K tokens, 8 KV heads: 3.31 us a head against 2.82; the model had 2.57
+        # against 2.79, now 2.98): grouped-query rows of 128 tokens -8.7 % bias, 9.8 % error -> -2.5 / 5.9 %, of
+        # 64 tokens -3.7 / 4.9 -> -1.8 / 3.9 %; B300 prefill 5.08 -> 4.80 % (a refit of eta_attn, k0_attn: 4.79 %,
+        # not taken). Also tried: the lone tile's diagonal block computed whole on top (4.76 %, but its term
+        # vanishes at once when the tile gets a partner), its 128 padded rows computed (5.13 %)
         prefill_pingpong=True,
         # ...and with one query head per KV head they stream the KV in series with their MMAs: on the B300 table 32
         # heads at b = 16, 512 tokens take 163 us on 32 KV heads, 93 on 8, 72 on 1, the difference 0.6-0.75 us per

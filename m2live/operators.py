@@ -163,6 +163,7 @@ class OpModel:
         self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
         self._fp32_rate = g.sms * g.fp32_per_clk * g.boost_mhz * 1e6  # FP32 adds / multiplies / FMAs per s at boost
         self._softmax_costs: dict[int, float] = {}  # _softmax_cost per head dim
+        self._serial_softmax: dict[int, float] = {}  # _lone_tile's softmax / MMA time per score, per head dim
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
         self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
@@ -316,6 +317,7 @@ class OpModel:
         new_max = 0
         pack = c.prefill_pack_gqa
         lone = 0.0  # work the lone query tiles of ping-pong CTAs add (_lone_tile), in key-row units
+        u_lone = 0.0  # the longest tile with it
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
@@ -339,15 +341,16 @@ class OpModel:
             else:
                 p0 = (nq - 1) * bm
                 r = new - p0
-                extra = self._lone_tile(new, ctx, head_dim) if c.prefill_pingpong else 0.0
+                u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r)
+                extra = self._lone_tile(new, ctx, head_dim)
                 lone += extra
-                u = r * (ctx + p0 + (r + 1) / 2.0) + k0 * (-(-r // pad) * pad if padded else r) + extra
+                u_lone = max(u_lone, u + extra)
                 if nq > 1:
                     u = max(u, bm * (ctx + p0 - bm + (bm + 1) / 2.0) + k0_full)
             if u > u_max:
                 u_max = u
         flops = 4.0 * heads * head_dim * pairs
-        ovh = 4.0 * heads * head_dim * (k0 * rows + lone)
+        ovh = 4.0 * heads * head_dim * k0 * rows
         duty = flops / (flops + ovh) if flops > 0 else 1.0
         # FA3 splits the KV when the query tiles (query heads packed per KV head) are few: counted as it counts
         # them for a varlen call, every sequence in the call at the longest query's packed blocks
@@ -357,15 +360,9 @@ class OpModel:
             split = fa3_splits(mblocks, -(-kv_max // DECODE_KEY_BLOCK), self._sms)
         tiles = packed * kv_heads if pack else ctas * heads
         work = (flops + ovh) / (4.0 * head_dim)
-        lim = LIST_SCHEDULE_TILES_PER_SM * self._sms
-        if split == 1 and tiles < 2 * lim:  # a small grid: its tail list-scheduled
-            span = self._list_makespan(seqs, kv_heads if pack else heads, group if pack else 1, k0, work, head_dim)
-            if tiles > lim:  # towards the closed form, which is within 2 % by then: no step in the time at lim
-                w = (tiles - lim) / lim
-                span = (1.0 - w) * span + w * work / (self._sms * self._tile_makespan_fill(tiles, work, u_max))
-            wave = work / (self._sms * span)
-        else:
-            wave = self._tile_makespan_fill(tiles * split, work, u_max / split)
+        grid = (seqs, kv_heads if pack else heads, group if pack else 1, k0, tiles, split, head_dim)
+        span = self._prefill_span(*grid, work, u_max, False)
+        wave = work / (self._sms * span)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
@@ -375,9 +372,11 @@ class OpModel:
             if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
                 tc += scores * self._softmax_cost(head_dim) / (f_clk * wave)
             else:
-                # (over the paired tiles' share of the grid's work: a lone tile's softmax is in its own work)
-                t_exp = scores / (self._exp_rate * f_clk * wave * (1.0 - heads * lone / work if lone else 1.0))
+                t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
+        if lone:  # what the lone tiles' softmax in series adds to the grid's makespan, at the tensor rate
+            longer = self._prefill_span(*grid, work + heads * lone, u_lone, True) - span
+            tc += max(0.0, longer) * 4.0 * head_dim * self._sms / (self.attn_peak * f_clk * c.eta_attn)
         # q read, the output written (by the kernel; under a split by the combine, in _split_partials), the KV read
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
         # taken — a prefill's memory branch hides under its MMAs where the ramp would matter)
@@ -477,21 +476,41 @@ class OpModel:
             t_after += c.t_relayout + self.elementwise(copied, RELAYOUT_COPIES).t_memory
         return self._attn(tc, tm, {"f_clk": f_clk, "eta_mem": nbytes / tm / self.bw if tm > 0 else 0.0}, t_after)
 
+    def _prefill_span(self, seqs: list[tuple[int, int]], heads: int, group: int, k0: float, tiles: int, split: int,
+                      head_dim: int, work: float, u_max: float, lone: bool) -> float:
+        """A prefill grid's makespan in work units (key-rows on one SM): a small grid's tail list-scheduled
+        (``_list_makespan``; blended into the closed form up to twice LIST_SCHEDULE_TILES_PER_SM tiles per SM, so
+        that no step shows at the limit), a large one's the closed form (``_tile_makespan_fill``); ``lone``: with
+        the lone query tiles' serial softmax (``_lone_tile``) in their tiles."""
+        lim = LIST_SCHEDULE_TILES_PER_SM * self._sms
+        if split == 1 and tiles < 2 * lim:
+            span = self._list_makespan(seqs, heads, group, k0, work, head_dim, lone)
+            if tiles > lim:
+                w = (tiles - lim) / lim
+                span = (1.0 - w) * span + w * work / (self._sms * self._tile_makespan_fill(tiles, work, u_max))
+            return span
+        return work / (self._sms * self._tile_makespan_fill(tiles * split, work, u_max / split))
+
     def _lone_tile(self, new: int, ctx: int, head_dim: int) -> float:
-        """Work, in key-row units, that a chunk's lone query tile adds where the kernel's CTAs ping-pong two
-        tiles (``prefill_pingpong``). A chunk of an odd number of row tiles leaves its last CTA one tile with no
-        partner to hide its softmax under: that tile's MMAs run the whole diagonal key block (its masked half
-        too) and its softmax (``_softmax_cost``: exponentials on the SFUs, the rest on the FP32 pipe) runs in series
-        with them, over every key its rows read — where a paired tile's causal pairs are priced at the tensor
-        rate alone (eta_attn, fitted on paired tiles). No constant of its own: the softmax's cost relative to the
+        """Work, in key-row units, that a chunk's last CTA adds where the kernel's CTAs ping-pong two query tiles
+        (``prefill_pingpong``: one tile's softmax hidden under the other's MMAs). A chunk of an odd number of row
+        tiles leaves its last CTA one tile with no partner: its softmax (``_softmax_cost``: exponentials on the
+        SFUs, the rest on the FP32 pipe) runs in series with its MMAs over every key its rows read, which costs it
+        min(softmax, MMA) a score more than the paired tiles' rate the grid is priced at (eta_attn, fitted on
+        paired tiles, and the SFU term of ``prefill_attention``). A partner of fewer rows hides that much of it,
+        so one more token never makes the chunk cheaper. No constant of its own: the softmax's cost against the
         MMAs' is the datasheet's SFU and FP32 rates against the tensor peak."""
-        pad = self.c.attn_row_pad or self.c.attn_block_m
-        tiles = -(-new // pad)
-        if tiles % 2 == 0:
+        if not self.c.prefill_pingpong:
             return 0.0
-        r = new - (tiles - 1) * pad  # the lone tile's rows, its last reading ctx + new keys
-        serial = self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim)
-        return r * (r - 1) / 2.0 + serial * r * (ctx + new)
+        pad = self.c.attn_row_pad
+        tiles = -(-new // pad)
+        last = new - (tiles - 1) * pad  # rows of the last tile
+        rows, partner = (last, 0) if tiles % 2 else (pad, last)  # the tile that waits, and its partner's rows
+        serial = self._serial_softmax.get(head_dim)
+        if serial is None:
+            serial = self._serial_softmax[head_dim] = min(
+                1.0, self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim))
+        return max(0.0, serial * rows - partner) * (ctx + new)
 
     def _softmax_cost(self, head_dim: int) -> float:
         """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its
@@ -522,7 +541,7 @@ class OpModel:
         return work / (sms * t)
 
     def _list_makespan(self, seqs: list[tuple[int, int]], heads: int, group: int, k0: float, work: float,
-                       head_dim: int) -> float:
+                       head_dim: int, lone: bool = False) -> float:
         """Makespan, in the work units of ``_tile_makespan_fill``, of a small prefill grid (``heads`` grid heads,
         ``group`` query heads packed into each tile's rows) dispatched in its kernel's order (``attn_tile_order``:
         FlashAttention-2's grid, or FA3's longest-first persistent scheduler), each tile to the SM that frees
@@ -532,7 +551,7 @@ class OpModel:
         predicted 8.3 / 8.1 / 1.8 % short. Up to LIST_SCHEDULE_TILES_PER_SM tiles per SM every tile is scheduled; past it,
         the last that many after the others' ``work`` spread evenly (the caller blends that into the closed form
         by twice as many, so that one more head or sequence never shortens the time). Cached per (chunks, heads)."""
-        key = (tuple(seqs), heads, group, head_dim)
+        key = (tuple(seqs), heads, group, head_dim, lone)
         hit = self._makespan_cache.get(key)
         if hit is not None:
             return hit
@@ -549,7 +568,7 @@ class OpModel:
                 s0, r = n_full * bm, rows - n_full * bm
                 tiles.append(r * (ctx + s0 / group + (r / group + 1) / 2.0)
                              + k0 * (-(-r // pad) * pad if pad and new > 1 else r)
-                             + (self._lone_tile(new, ctx, head_dim) if self.c.prefill_pingpong else 0.0))
+                             + (self._lone_tile(new, ctx, head_dim) if lone else 0.0))
             per_seq.append(tiles[::-1] if lpt else tiles)
         # FlashAttention-2's grid (blockIdx.x the query block, then the sequence, then the head): head by head, each
         # sequence's tiles in turn; FA3's varlen scheduler: sequence by sequence, each head's tiles longest first

@@ -339,8 +339,6 @@ def test_small_prefill_grids_are_list_scheduled_within_their_bounds(gpu):
         starts = range(0, isl, bm)  # each tile's first query row; its rows' prologue padded
         per_head = [min(bm, isl - p0) * (p0 + (min(bm, isl - p0) + 1) / 2.0) + k0 * -(-min(bm, isl - p0) // pad) * pad
                     for p0 in starts]
-        if om.c.prefill_pingpong:  # the last CTA's lone tile, where the prompt has an odd number of row tiles
-            per_head[-1] += om._lone_tile(isl, 0, 128)
         tiles = per_head * b * heads
         work, u_max = sum(tiles), max(tiles)
         if len(tiles) > LIST_SCHEDULE_TILES_PER_SM * sms:
@@ -605,10 +603,14 @@ def test_the_lm_head_pays_the_sampler_per_logit_and_the_vocab_gather_under_tp():
 
 def test_trtllm_prefill_lone_tile_runs_its_softmax_in_series():
     """FlashInfer's TRT-LLM context kernels (B300, B200) ping-pong two 128-row query tiles per CTA, one's softmax
-    under the other's MMAs; a prompt of an odd number of tiles leaves one alone, its softmax in series and its
-    diagonal block computed whole. The B300's table: at 16 K tokens on 8 KV heads a query head costs more at
-    128 tokens a prompt than at 256 (3.31 against 2.82 us), and so does the model; an even tile count adds
-    nothing; the lone tile's cost grows with the keys it reads; the FA2 / FA3 kernels have no such tile."""
+    under the other's MMAs; a chunk of an odd number of tiles leaves its last one alone, its softmax in series.
+    The B300's table: at 16 K tokens on 8 KV heads a query head costs more at 128 tokens a prompt than at 256
+    (3.31 against 2.82 us), and so does the model. A full pair adds nothing; the lone tile's cost grows with the
+    keys it reads; a partner of any rows hides part of it, so a chunk grown by a few tokens is never much cheaper
+    (no cliff where the lone tile finds a partner), and the lone tile never makes a call cheaper than pricing every
+    tile as paired; the FA2 / FA3 kernels have no such tile."""
+    from dataclasses import replace
+
     from m2live.predictor import OpModel
 
     b300 = OpModel("NVIDIA B300 SXM6 AC")
@@ -622,8 +624,22 @@ def test_trtllm_prefill_lone_tile_runs_its_softmax_in_series():
     assert b300._lone_tile(256, 0, 128) == 0.0 and b300._lone_tile(512, 1000, 128) == 0.0
     assert 0.0 < b300._lone_tile(100, 0, 128) < b300._lone_tile(128, 0, 128) < b300._lone_tile(128, 4096, 128)
     assert b300._lone_tile(384, 0, 128) == b300._lone_tile(128, 256, 128)  # the third tile, after 256 rows
+    assert 0.0 < b300._lone_tile(129, 0, 128) < b300._lone_tile(128, 0, 128) * 129 / 128  # a 1-row partner
     # the B200 has half the B300's SFUs: its lone tile's softmax weighs more against the same MMAs
     b200 = OpModel("NVIDIA B200")
     assert b200._lone_tile(128, 0, 128) > b300._lone_tile(128, 0, 128)
+    for om in (b300, b200):
+        paired = OpModel(om.gpu, constants=replace(om.c, prefill_pingpong=False))
+        for ctx, heads, kv in ((0, 64, 8), (4096, 8, 1), (1000, 32, 32)):
+            prev = prev_paired = 0.0
+            for new in range(100, 700, 7):
+                t = om.prefill_attention([(new, ctx)], heads, kv, 128).t
+                t_paired = paired.prefill_attention([(new, ctx)], heads, kv, 128).t
+                # (the paired pricing has small steps of its own where a chunk's tiles change the grid's fill; a
+                # partner of a few rows short of the waiting tile's still leaves a sliver exposed)
+                assert t >= t_paired and t - prev >= min(0.0, t_paired - prev_paired) - 0.02 * prev, (new, ctx)
+                prev, prev_paired = t, t_paired
     for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L40S"):
         assert not OpModel(gpu).c.prefill_pingpong
+    with pytest.raises(ValueError, match="prefill_pingpong"):
+        replace(b300.c, prefill_pack_gqa=True)
