@@ -163,7 +163,6 @@ class OpModel:
         self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
         self._fp32_rate = g.sms * g.fp32_per_clk * g.boost_mhz * 1e6  # FP32 adds / multiplies / FMAs per s at boost
         self._softmax_costs: dict[int, float] = {}  # _softmax_cost per head dim
-        self._serial_softmax: dict[int, float] = {}  # _lone_tile's softmax / MMA time per score, per head dim
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
         self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
@@ -317,7 +316,7 @@ class OpModel:
         new_max = 0
         pack = c.prefill_pack_gqa
         lone = 0.0  # work the lone query tiles of ping-pong CTAs add (_lone_tile), in key-row units
-        u_lone = 0.0  # the longest tile with it
+        u_lone = 0.0  # the longest last tile with it (the grid's longest: the larger of this and u_max)
         for new, ctx in seqs:
             pairs += new * ctx + new * (new + 1) / 2.0
             q_tokens += new
@@ -375,7 +374,7 @@ class OpModel:
                 t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         if lone:  # what the lone tiles' softmax in series adds to the grid's makespan, at the tensor rate
-            longer = self._prefill_span(*grid, work + heads * lone, u_lone, True) - span
+            longer = self._prefill_span(*grid, work + heads * lone, max(u_max, u_lone), True) - span
             tc += max(0.0, longer) * 4.0 * head_dim * self._sms / (self.attn_peak * f_clk * c.eta_attn)
         # q read, the output written (by the kernel; under a split by the combine, in _split_partials), the KV read
         # (the decode stream's ramp, _kv_stream_time, here: H100 prefill 6.54 -> 6.61 %, A100 4.65 -> 4.64 %; not
@@ -506,10 +505,7 @@ class OpModel:
         tiles = -(-new // pad)
         last = new - (tiles - 1) * pad  # rows of the last tile
         rows, partner = (last, 0) if tiles % 2 else (pad, last)  # the tile that waits, and its partner's rows
-        serial = self._serial_softmax.get(head_dim)
-        if serial is None:
-            serial = self._serial_softmax[head_dim] = min(
-                1.0, self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim))
+        serial = min(1.0, self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim))
         return max(0.0, serial * rows - partner) * (ctx + new)
 
     def _softmax_cost(self, head_dim: int) -> float:
