@@ -155,7 +155,8 @@ class ArchConstants:
     item_overlap: float = 0.0
     # how the decode kernel splits the KV: "flash" (FlashAttention-3's rule, decode_splits), "fa2" (FlashAttention-2's,
     # fa2_splits) or "trtllm" (FlashInfer's TRT-LLM generation kernels, computeCtaAndClusterConfig: as many splits
-    # as leave one CTA per SM, at most one per KV tile, merged in the kernel: t_merge per split)
+    # as leave one CTA per SM, each of at least operators.TRTLLM_SPLIT_MIN_KEYS keys, merged in the kernel: t_merge
+    # per split)
     decode_split_rule: str = "flash"
     # most KV splits the decode kernel may take: FlashAttention-3's own cap is 128, but vLLM caps it under a full
     # CUDA graph (its decode path) so the split buffers can be sized at capture: AttentionConfig.
@@ -412,9 +413,13 @@ ARCH: dict[str, ArchConstants] = {
         # 4.48 %; prefill unchanged). eta_attn and k0_attn refitted (2026-12-06, with the A100's, above) once small
         # grids were list-scheduled: 0.837 -> 0.877, 588 -> 613; B300 prefill 5.68 -> 5.39 % (the list schedule
         # alone: 5.64), decode 4.48 % unchanged
-        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.957833,
-        item_cost=1.53163e-06, block_cost=8.48454e-07, cta_bw=9.32746e+10, t_split=0.0, t_merge=8.96655e-08,
-        t_cache_cta=1.6876e-06, t_ramp_kv=1.00068e-06, l2_kv_bytes_per_clk=39.7028, item_overlap=6.52455,
+        # The decode constants refitted (2026-12-06, --gpus b300_sxm --groups attention --only item_cost,cta_bw,
+        # t_merge,eta_attn_mem,t_ramp_kv,item_overlap --max-rows 8000) once the kernel's splits took at least 512
+        # keys each (operators.TRTLLM_SPLIT_MIN_KEYS; 128-key blocks before): decode 4.49 -> 3.91 %, prefill 4.80 %
+        # unchanged; cta_bw 93 -> 156 GB/s (fewer, longer splits), t_merge 0.090 -> 0.142 us a split
+        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.957600,
+        item_cost=1.53163e-06, block_cost=8.48454e-07, cta_bw=1.55818e+11, t_split=0.0, t_merge=1.42297e-07,
+        t_cache_cta=1.6876e-06, t_ramp_kv=9.60411e-07, l2_kv_bytes_per_clk=39.7028, item_overlap=6.47459,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",

@@ -45,6 +45,15 @@ from .efficiency import (
 from .hardware import GpuSpec, get_gpu
 
 DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_dim 128 (FlashAttention)
+# FlashInfer's TRT-LLM generation kernels give each KV split at least two of their KV steps (fmhaKernels.cuh,
+# computeCtaAndClusterConfig: maxNumCtasPerSeqKv = ceil(seqLenKv / (2 x stepKv)), "so that the reduction overhead
+# does not outweigh the benefits of a shorter mainloop"), a step being two 128-key tile instances (stepKv =
+# numInstsKv x tileSizeKv) in the bf16 head_dim-128 kernels: 512 keys. The step is read off the B300 table, not
+# fitted: one sequence on one KV head runs 8.8 us at 511 keys as at 1-255, and 10.7-11.1 us at 1023-8191 (2-16
+# splits merged in the kernel) — a 256-key minimum would split at 511 already, the 128-key blocks of FlashAttention's
+# rule (priced until 2026-12-06) split 4 ways there and 64 at 8191, 0.09 us of merging each. Refitted with it
+# (B300 decode 4.49 -> 3.91 %, ARCH["blackwell"]); refitted with 256-key steps instead 4.24 %, 1024 3.98 %
+TRTLLM_SPLIT_MIN_KEYS = 512
 # How the prefill kernel's tensor-core and exponential (SFU) times add: (t_tc^p + t_exp^p)^(1/p). p = 2 makes
 # the public GB200 -> GB300 figure come out: NVIDIA measured ~35 % faster fp8 attention forward (DeepSeek-V3's
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
@@ -299,7 +308,7 @@ class OpModel:
         """
         c = self.c
         if seqs and all(new == 1 for new, _ in seqs):  # max_seqlen_q == 1: the kernel takes its decode path
-            return self.decode_attention(sum(ctx for _, ctx in seqs), len(seqs), heads, kv_heads, head_dim, f_clk)
+            return self.decode_attention([ctx for _, ctx in seqs], len(seqs), heads, kv_heads, head_dim, f_clk)
         pairs = 0.0
         q_tokens = 0
         kv_tokens = 0
@@ -402,8 +411,8 @@ class OpModel:
         combine kernel merges the parts (t_split; on FA2 also the fp32 partial outputs it writes and reads back) —
         except where the kernel splits only grouped-query heads (FlashAttention-2: plain multi-head decode runs one
         CTA per sequence x head over its whole cache), and where it has a rule of its own (``decode_split_rule``
-        "trtllm", FlashInfer's TRT-LLM kernels: SMs // items splits, at most one per KV block, merged in the
-        kernel at t_merge per split; a larger query tile slows each CTA's pass, ``decode_tile_cost``). The
+        "trtllm", FlashInfer's TRT-LLM kernels: SMs // items splits, at least TRTLLM_SPLIT_MIN_KEYS keys each,
+        merged in the kernel at t_merge per split; a larger query tile slows each CTA's pass, ``decode_tile_cost``). The
         body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
         most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
         resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
@@ -421,7 +430,9 @@ class OpModel:
         split = 1
         kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
         if c.decode_split_rule == "trtllm":
-            split = max(1, min(kv_blocks, sms // items))
+            # its splits follow the longest sequence's keys (mMaxSeqLenKv; the mean where only the sum is known)
+            longest = (max(contexts) + 1) if not isinstance(contexts, int) and contexts else int(kv_read / n_seqs)
+            split = max(1, min(-(-longest // TRTLLM_SPLIT_MIN_KEYS), sms // items))
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
             split = fa2_splits(items, kv_blocks, sms) if fa2 else decode_splits(items, kv_blocks, sms,
                                                                                  c.decode_max_splits)

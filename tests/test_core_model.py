@@ -267,12 +267,14 @@ def test_fa2_decode_does_not_split_plain_multi_head_attention():
     assert h100.decode_attention(16383, 1, 8, 8, 128).t < 1.5 * h100.decode_attention(16383, 1, 64, 8, 128).t
 
 
-@pytest.mark.parametrize("ctx, b, kv, splits", [(131071, 1, 1, 148), (131071, 1, 8, 18), (1023, 1, 1, 8),
-                                                 (131071, 16, 8, 1), (131071, 2, 4, 18), (255, 1, 1, 2)])
+@pytest.mark.parametrize("ctx, b, kv, splits", [(131071, 1, 1, 148), (131071, 1, 8, 18), (1023, 1, 1, 2),
+                                                 (8191, 1, 1, 16), (511, 1, 1, 1), (255, 1, 1, 1),
+                                                 (131071, 16, 8, 1), (131071, 2, 4, 18), ([8191, 100], 2, 1, 16)])
 def test_trtllm_decode_splits_by_flashinfers_rule(ctx, b, kv, splits):
     """The B300's decode kernel (FlashInfer's TRT-LLM generation kernel) splits each sequence's KV over
-    min(KV blocks, SMs // (sequences x KV heads)) CTAs (computeCtaAndClusterConfig), never FlashAttention's
-    wave-fill rule, and merges the splits in the kernel at t_merge each: the time moves by t_merge x splits."""
+    min(ceil(longest sequence's keys / 512), SMs // (sequences x KV heads)) CTAs (computeCtaAndClusterConfig: each
+    split at least two 256-key steps), never FlashAttention's wave-fill rule, and merges the splits in the kernel
+    at t_merge each: the time moves by t_merge x splits. A batch of unequal sequences splits by its longest."""
     from dataclasses import replace
 
     from m2live.predictor import OpModel
@@ -281,7 +283,9 @@ def test_trtllm_decode_splits_by_flashinfers_rule(ctx, b, kv, splits):
     assert om.c.decode_split_rule == "trtllm" and om.gpu.sms == 148
     base = OpModel("NVIDIA B300 SXM6 AC", constants=replace(om.c, t_merge=0.0))
     more = OpModel("NVIDIA B300 SXM6 AC", constants=replace(om.c, t_merge=1e-6))
-    dt = more.decode_attention(b * ctx, b, 8 * kv, kv, 128).t - base.decode_attention(b * ctx, b, 8 * kv, kv, 128).t
+    contexts = ctx if isinstance(ctx, list) else b * ctx
+    dt = (more.decode_attention(contexts, b, 8 * kv, kv, 128).t
+          - base.decode_attention(contexts, b, 8 * kv, kv, 128).t)
     assert dt == pytest.approx(splits * 1e-6 if splits > 1 else 0.0, abs=1e-12)
 
 
