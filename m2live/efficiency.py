@@ -415,11 +415,12 @@ ARCH: dict[str, ArchConstants] = {
         # alone: 5.64), decode 4.48 % unchanged
         # The decode constants refitted (2026-12-06, --gpus b300_sxm --groups attention --only item_cost,cta_bw,
         # t_merge,eta_attn_mem,t_ramp_kv,item_overlap --max-rows 8000) once the kernel's splits took at least 512
-        # keys each (operators.TRTLLM_SPLIT_MIN_KEYS; 128-key blocks before): decode 4.49 -> 3.91 %, prefill 4.80 %
-        # unchanged; cta_bw 93 -> 156 GB/s (fewer, longer splits), t_merge 0.090 -> 0.142 us a split
-        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.957600,
-        item_cost=1.53163e-06, block_cost=8.48454e-07, cta_bw=1.55818e+11, t_split=0.0, t_merge=1.42297e-07,
-        t_cache_cta=1.6876e-06, t_ramp_kv=9.60411e-07, l2_kv_bytes_per_clk=39.7028, item_overlap=6.47459,
+        # keys each and its CTAs' own stream was priced on whole 256-key steps (operators.TRTLLM_SPLIT_MIN_KEYS,
+        # TRTLLM_KV_STEP; 128-key blocks before): decode 4.49 -> 3.82 %, prefill 4.80 -> 4.78 %; cta_bw 93 -> 166
+        # GB/s (fewer, longer splits), t_merge 0.090 -> 0.146 us a split
+        t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.955043,
+        item_cost=1.53141e-06, block_cost=8.48454e-07, cta_bw=1.66057e+11, t_split=0.0, t_merge=1.45909e-07,
+        t_cache_cta=1.6876e-06, t_ramp_kv=9.20038e-07, l2_kv_bytes_per_clk=39.7028, item_overlap=6.47027,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -52,8 +53,12 @@ DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_d
 # fitted: one sequence on one KV head runs 8.8 us at 511 keys as at 1-255, and 10.7-11.1 us at 1023-8191 (2-16
 # splits merged in the kernel) — a 256-key minimum would split at 511 already, the 128-key blocks of FlashAttention's
 # rule (priced until 2026-12-06) split 4 ways there and 64 at 8191, 0.09 us of merging each. Refitted with it
-# (B300 decode 4.49 -> 3.91 %, ARCH["blackwell"]); refitted with 256-key steps instead 4.24 %, 1024 3.98 %
-TRTLLM_SPLIT_MIN_KEYS = 512
+# (B300 decode 4.49 -> 3.91 %; 3.82 % with the whole steps below, ARCH["blackwell"]); refitted with 256-key pieces
+# instead 4.24 %, 1024 3.98 %.
+# A CTA's main loop runs whole steps, so a split of 257-512 keys takes two steps' time (the plateau of 1023-8191
+# keys above is 2 steps a CTA at every split count): the CTAs' own stream rate (cta_bw) is priced on whole steps
+TRTLLM_KV_STEP = 256
+TRTLLM_SPLIT_MIN_KEYS = 2 * TRTLLM_KV_STEP
 # How the prefill kernel's tensor-core and exponential (SFU) times add: (t_tc^p + t_exp^p)^(1/p). p = 2 makes
 # the public GB200 -> GB300 figure come out: NVIDIA measured ~35 % faster fp8 attention forward (DeepSeek-V3's
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
@@ -418,7 +423,11 @@ class OpModel:
         resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
         """
         c = self.c
-        total_ctx = contexts if isinstance(contexts, int) else sum(contexts)
+        if isinstance(contexts, numbers.Integral):
+            total_ctx, longest_ctx = int(contexts), None
+        else:
+            ctxs = list(contexts)
+            total_ctx, longest_ctx = sum(ctxs), max(ctxs, default=None)
         kv_read = total_ctx + n_seqs
         nbytes = head_dim * (2 * kv_heads * kv_read * self.kv_elt + 2 * heads * n_seqs * self.attn_elt)  # KV, q, out
         flops = 4.0 * heads * head_dim * kv_read
@@ -428,11 +437,13 @@ class OpModel:
         group = heads // kv_heads if grouped else 1  # query heads per CTA (plain multi-head: one)
         fa2 = c.decode_split_rule == "fa2"  # FlashAttention-2: its own split rule, one CTA per item
         split = 1
+        step_pad = 1.0  # keys a CTA's whole main-loop steps cover, over the keys it reads (TRT-LLM)
         kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
         if c.decode_split_rule == "trtllm":
             # its splits follow the longest sequence's keys (mMaxSeqLenKv; the mean where only the sum is known)
-            longest = (max(contexts) + 1) if not isinstance(contexts, int) and contexts else int(kv_read / n_seqs)
+            longest = max(1, longest_ctx + 1 if longest_ctx is not None else int(kv_read / n_seqs))
             split = max(1, min(-(-longest // TRTLLM_SPLIT_MIN_KEYS), sms // items))
+            step_pad = -(-longest // (split * TRTLLM_KV_STEP)) * TRTLLM_KV_STEP * split / longest
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
             split = fa2_splits(items, kv_blocks, sms) if fa2 else decode_splits(items, kv_blocks, sms,
                                                                                  c.decode_max_splits)
@@ -465,7 +476,8 @@ class OpModel:
         t_dram += extra / (self.bw * c.eta_attn_mem)
         # a larger query tile slows the stream too (TRT-LLM); FA2's tile is always decode_row_block rows
         cta_bw = c.cta_bw / (1.0 if c.decode_row_block else tile_cost)
-        t_stream = max(t_dram, nbytes / (min(ctas, sms * c.cta_slots) * cta_bw))
+        padded = nbytes + (step_pad - 1.0) * 2 * head_dim * kv_heads * kv_read * self.kv_elt  # the KV, whole steps
+        t_stream = max(t_dram, padded / (min(ctas, sms * c.cta_slots) * cta_bw))
         # an item's fixed latency hides behind the other resident CTAs' streaming — wholly (item_overlap 0: the
         # larger of the two) or in part, (t_items^p + t_stream^p)^(1/p) as the GEMMs' soft roofline
         p = c.item_overlap

@@ -39,8 +39,10 @@ class BatchStep(Step):
 
 
 class StepTimer:
-    """Seconds per engine step from the predictor, cached per step shape (decode contexts enter the
-    predictor only through their count and sum, prefill chunks one by one)."""
+    """Seconds per engine step from the predictor, cached per step shape (decode contexts enter it only through
+    their count and sum, spread evenly; prefill chunks one by one). So a simulated Blackwell decode splits its KV
+    by the mean context where the kernel splits by the longest (operators.TRTLLM_SPLIT_MIN_KEYS): the plugin and
+    ``m2live predict`` hand the predictor every context."""
 
     def __init__(self, pred: Predictor, clock: str = "forecast", async_scheduling: bool = False,
                  correct: Callable[[Prediction, Step], float] | None = None):

@@ -289,6 +289,25 @@ def test_trtllm_decode_splits_by_flashinfers_rule(ctx, b, kv, splits):
     assert dt == pytest.approx(splits * 1e-6 if splits > 1 else 0.0, abs=1e-12)
 
 
+def test_trtllm_decode_more_keys_are_never_faster():
+    """The TRT-LLM decode kernel splits a sequence's KV into more pieces as it grows (at least 512 keys each), and
+    each CTA runs whole 256-key steps: one more key never makes the call faster — not where a split is added
+    (a CTA of 257-512 keys runs two steps either way), nor where the splits reach the SMs' cap."""
+    from m2live.predictor import OpModel
+
+    for gpu in ("NVIDIA B300 SXM6 AC", "NVIDIA B200"):
+        om = OpModel(gpu)
+        for b, kv in ((1, 1), (2, 1), (1, 8), (16, 1), (4, 8)):
+            keys = [*range(1, 2200), *range(2200, 40000, 13)]
+            t = [om.decode_attention(b * k, b, 8 * kv, kv, 128).t for k in keys]
+            worst = max((t[i - 1] - t[i]) / t[i - 1] for i in range(1, len(t)))
+            assert worst < 1e-9, (gpu, b, kv, worst)
+        # a batch of unequal sequences: the kernel splits by the longest; growing one of them stays monotone to
+        # within the switch of which sequence is the longest
+        t = [om.decode_attention([k, 3000], 2, 8, 1, 128).t for k in range(1, 9000, 7)]
+        assert max((t[i - 1] - t[i]) / t[i - 1] for i in range(1, len(t))) < 0.01
+
+
 def test_trtllm_decode_larger_query_tiles_are_never_faster():
     """TRT-LLM's generation kernels pack one KV head's query heads into a tile of 8/16/32/64 rows; its own cost
     model has the main loop slow with the tile (1.0 / 1.2 / 1.48 / 1.68): at the same KV bytes a larger group is
