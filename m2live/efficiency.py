@@ -110,6 +110,11 @@ class ArchConstants:
     # split-KV decode merged inside the kernel (decode_split_rule "trtllm"): the sequence's last CTA folds in the
     # splits' partial results one after another, t_merge each (s)
     t_merge: float = 0.0
+    # FlashAttention-3's varlen tile scheduler on its dynamic-split path (batches of at most FA3_DYNAMIC_SPLIT_
+    # MAX_BATCH sequences, operators): a CTA finds its next tile by a warp's prefix sum over the tile counts of the
+    # next 31 sequences, one dependent round of loads each, so every SM's lookups over a call pass the whole batch:
+    # t_sched per 31 sequences (s). 0: no such cost (other kernels; FA3 over larger batches)
+    t_sched: float = 0.0
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # vLLM's KV-cache write (reshape_and_cache_flash) runs one CTA per token of min(KV heads x head_dim, 512)
     # threads: a latency-bound kernel whose CTAs in flight are capped by the SM's resident threads and CTAs
@@ -368,9 +373,14 @@ ARCH: dict[str, ArchConstants] = {
         # ~1.6 TB/s. eta_attn and k0_attn refitted (2026-12-06, bench/fit_constants.py --gpus h100_sxm --groups
         # attention --only eta_attn,k0_attn) once small grids were list-scheduled in FA3's order (attn_tile_order
         # "lpt", below): 0.734 -> 0.719, 448 -> 434; H100 prefill 5.35 -> 5.09 %, decode 5.64 % unchanged
-        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.719352, k0_attn=433.682, eta_attn_mem=1.0,
-        item_cost=3.74910e-06, block_cost=2.76566e-06, cta_bw=4.87933e+10, t_split=2.65411e-06,
-        t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.48985,
+        # FA3's tile scheduler priced over batches of at most 992 sequences (t_sched, operators.
+        # FA3_DYNAMIC_SPLIT_MAX_BATCH; 2026-12-06), the decode constants refitted with it (--gpus h100_sxm --groups
+        # attention --only item_cost,cta_bw,t_split,eta_attn_mem,item_overlap,t_sched --max-rows 8000, the KV ramp
+        # held): decode 5.64 -> 4.57 %, prefill 4.80 -> 4.71 % (its single-token rows); t_sched 0.48 us a round
+        # of 31 sequences, ~15 ns a sequence (the same term over every batch size: 5.09 %; none, refitted: 5.57 %)
+        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.719352, k0_attn=433.682, eta_attn_mem=0.999846,
+        item_cost=3.38301e-06, block_cost=2.76566e-06, cta_bw=4.84812e+10, t_split=2.59154e-06,
+        t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.45028, t_sched=4.80104e-07,
         # vLLM decodes under a full CUDA graph, where it caps FA3's KV splits at 32 (decode_max_splits; the
         # collector's table agrees: one sequence over a 64-128 K-token KV ran ~1.35 x slower than two sequences
         # over the same bytes). item_overlap, item_cost, cta_bw, t_split refitted with it on all decode rows:
@@ -500,7 +510,7 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
              "k_balance", "t_kiter", "limiter_headroom"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk",
-                  "item_overlap"),
+                  "item_overlap", "t_sched"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 # Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no
@@ -510,6 +520,7 @@ ONLY_WHERE: dict[str, Callable[[ArchConstants], bool]] = {
     "t_fixup": lambda c: c.split_reduce == "serial" and not c.tile_rule,
     "k_split": lambda c: not c.tile_rule,  # the split-K threshold likewise
     "t_relayout": lambda c: c.split_needs_gqa,  # FA2's grouped-query relayout (OpModel.decode_attention)
+    "t_sched": lambda c: c.decode_split_rule == "flash",  # FA3's varlen tile scheduler (OpModel.decode_attention)
     # the slices of a split that evens out a full grid's last wave (gemm_efficiency)
     "k_balance": lambda c: c.tile_policy == "largest_filling" and not c.tile_rule,
 }

@@ -59,6 +59,11 @@ DECODE_KEY_BLOCK = 128  # keys per block of the split-KV decode kernel at head_d
 # keys above is 2 steps a CTA at every split count): the CTAs' own stream rate (cta_bw) is priced on whole steps
 TRTLLM_KV_STEP = 256
 TRTLLM_SPLIT_MIN_KEYS = 2 * TRTLLM_KV_STEP
+# FlashAttention-3 takes its dynamic-split path (a prepare kernel sizes each sequence's splits; the persistent varlen
+# tile scheduler reads them) for varlen batches of at most 992 = 32 x 31 sequences, the prepare kernel's limit
+# (hopper/flash_api.cpp); its scheduler's warp scans the sequences 31 at a time (tile_scheduler.hpp)
+FA3_DYNAMIC_SPLIT_MAX_BATCH = 992
+FA3_SCHEDULER_SEQS_PER_ROUND = 31
 # How the prefill kernel's tensor-core and exponential (SFU) times add: (t_tc^p + t_exp^p)^(1/p). p = 2 makes
 # the public GB200 -> GB300 figure come out: NVIDIA measured ~35 % faster fp8 attention forward (DeepSeek-V3's
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
@@ -456,6 +461,10 @@ class OpModel:
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
         t_items = waves * c.item_cost * tile_cost
+        if c.t_sched and c.decode_split_rule == "flash" and n_seqs <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
+            # FA3's tile lookups: over a call each SM's CTAs step through the whole batch's tile counts, a round
+            # of loads per 31 sequences, with the items' other fixed work (t_sched)
+            t_items += c.t_sched * n_seqs / FA3_SCHEDULER_SEQS_PER_ROUND
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
         if split > 1 and c.combine_rows:
