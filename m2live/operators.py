@@ -413,7 +413,7 @@ class OpModel:
                                    "eta_mem": c.eta_attn_mem}, t_after)
 
     def decode_attention(self, contexts: list[int] | int, n_seqs: int, heads: int, kv_heads: int,
-                         head_dim: int, f_clk: float = 1.0, l2_warm: bool = False) -> OpTime:
+                         head_dim: int, f_clk: float = 1.0, l2_warm: bool = False, call_seqs: int = 0) -> OpTime:
         """Decode: each sequence reads its whole KV cache (ctx + the new token) once per layer.
 
         ``contexts`` is the list of contexts or their sum. Work is split into CTAs of (sequence, KV head[, KV
@@ -425,7 +425,9 @@ class OpModel:
         merged in the kernel at t_merge per split; a larger query tile slows each CTA's pass, ``decode_tile_cost``). The
         body is the largest of DRAM streaming, the streaming rate the CTAs can keep in flight (one CTA streams at
         most cta_bw) and the items' fixed costs (block table, softmax, write-out), which hide behind the other
-        resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts.
+        resident CTAs' streaming. FA2's grouped-query path also copies q and the output between layouts. FA3's tile
+        scheduler adds t_sched per 31 sequences of a call of at most FA3_DYNAMIC_SPLIT_MAX_BATCH (``call_seqs``: the
+        call's sequences where prefills share it, else ``n_seqs``).
         """
         c = self.c
         if isinstance(contexts, numbers.Integral):
@@ -461,10 +463,11 @@ class OpModel:
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
         t_items = waves * c.item_cost * tile_cost
-        if c.t_sched and c.decode_split_rule == "flash" and n_seqs <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
+        batch = max(call_seqs, n_seqs)  # the call's sequences: prefills sharing it count (attn_mixed_one_call)
+        if c.t_sched and c.decode_split_rule == "flash" and batch <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
             # FA3's tile lookups: over a call each SM's CTAs step through the whole batch's tile counts, a round
             # of loads per 31 sequences, with the items' other fixed work (t_sched)
-            t_items += c.t_sched * n_seqs / FA3_SCHEDULER_SEQS_PER_ROUND
+            t_items += c.t_sched * batch / FA3_SCHEDULER_SEQS_PER_ROUND
         t_after = self._cache_write(kv_heads, head_dim, n_seqs) + (c.t_split + c.t_merge * split if split > 1 else 0.0)
         extra = 0.0  # bytes the split adds to the main kernel: q per split, fp32 partial outputs
         if split > 1 and c.combine_rows:

@@ -330,7 +330,7 @@ class Predictor:
         else:
             rec.ops["attn_prefill"] = 0.0
         if dec:
-            t_dec = o.decode_attention(dec, len(dec), heads, kv_heads, head_dim, f)
+            t_dec = o.decode_attention(dec, len(dec), heads, kv_heads, head_dim, f, call_seqs=call)
             rec.op("attn_decode", t_dec, layers)
             if t_pre is not None and o.c.attn_mixed_one_call:
                 # one call for the mixed batch: its fixed part once (each call's time holds it, so the sum never

@@ -325,6 +325,9 @@ def test_fa3_decode_pays_its_tile_scheduler_up_to_992_sequences():
         assert om.decode_attention(b, b, 8, 1, 128).t > bare.decode_attention(b, b, 8, 1, 128).t
     for b in (993, 2048):
         assert om.decode_attention(b, b, 8, 1, 128).t == bare.decode_attention(b, b, 8, 1, 128).t
+    # the batch is the call's: 990 decodes sharing it with 4 prefill chunks are past the dynamic path
+    assert om.decode_attention(990, 990, 8, 1, 128, call_seqs=994).t == bare.decode_attention(990, 990, 8, 1, 128).t
+    assert om.decode_attention(90, 90, 8, 1, 128, call_seqs=94).t > om.decode_attention(90, 90, 8, 1, 128).t
     ratio = om.decode_attention(512, 512, 8, 1, 128).t / om.decode_attention(1024, 1024, 8, 1, 128).t
     assert 0.72 < ratio < 0.88, ratio  # measured 0.80; without the scheduler's cost ~0.6
     for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA B300 SXM6 AC"):
