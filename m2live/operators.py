@@ -430,13 +430,10 @@ class OpModel:
         call's sequences where prefills share it, else ``n_seqs``).
         """
         c = self.c
-        if isinstance(contexts, numbers.Integral):
-            total_ctx, longest_ctx = int(contexts), None
-        else:
-            ctxs = list(contexts)
-            total_ctx, longest_ctx = sum(ctxs), max(ctxs, default=None)
-        kv_read = total_ctx + n_seqs
-        nbytes = head_dim * (2 * kv_heads * kv_read * self.kv_elt + 2 * heads * n_seqs * self.attn_elt)  # KV, q, out
+        summed = isinstance(contexts, numbers.Integral)
+        kv_read = (int(contexts) if summed else sum(contexts)) + n_seqs
+        kv_bytes = 2 * head_dim * kv_heads * kv_read * self.kv_elt
+        nbytes = kv_bytes + 2 * head_dim * heads * n_seqs * self.attn_elt  # KV, q, out
         flops = 4.0 * heads * head_dim * kv_read
         items = n_seqs * kv_heads
         sms = self._sms
@@ -445,13 +442,13 @@ class OpModel:
         fa2 = c.decode_split_rule == "fa2"  # FlashAttention-2: its own split rule, one CTA per item
         split = 1
         step_pad = 1.0  # keys a CTA's whole main-loop steps cover, over the keys it reads (TRT-LLM)
-        kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
         if c.decode_split_rule == "trtllm":
             # its splits follow the longest sequence's keys (mMaxSeqLenKv; the mean where only the sum is known)
-            longest = max(1, longest_ctx + 1 if longest_ctx is not None else int(kv_read / n_seqs))
+            longest = max(1, int(kv_read / n_seqs) if summed or not contexts else max(contexts) + 1)
             split = max(1, min(-(-longest // TRTLLM_SPLIT_MIN_KEYS), sms // items))
             step_pad = -(-longest // (split * TRTLLM_KV_STEP)) * TRTLLM_KV_STEP * split / longest
         elif grouped or not c.split_needs_gqa:  # FA2 splits KV only for grouped-query heads
+            kv_blocks = -(-int(kv_read / n_seqs) // DECODE_KEY_BLOCK)
             split = fa2_splits(items, kv_blocks, sms) if fa2 else decode_splits(items, kv_blocks, sms,
                                                                                  c.decode_max_splits)
         ctas = items * split
@@ -488,7 +485,7 @@ class OpModel:
         t_dram += extra / (self.bw * c.eta_attn_mem)
         # a larger query tile slows the stream too (TRT-LLM); FA2's tile is always decode_row_block rows
         cta_bw = c.cta_bw / (1.0 if c.decode_row_block else tile_cost)
-        padded = nbytes + (step_pad - 1.0) * 2 * head_dim * kv_heads * kv_read * self.kv_elt  # the KV, whole steps
+        padded = nbytes + (step_pad - 1.0) * kv_bytes  # the KV over whole steps
         t_stream = max(t_dram, padded / (min(ctas, sms * c.cta_slots) * cta_bw))
         # an item's fixed latency hides behind the other resident CTAs' streaming — wholly (item_overlap 0: the
         # larger of the two) or in part, (t_items^p + t_stream^p)^(1/p) as the GEMMs' soft roofline
