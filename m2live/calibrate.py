@@ -34,6 +34,7 @@ from .calibration_file import (
     SCHEMA,
     Calibration,
     fp8_prior,
+    held_constants,
     load,
     read_rows,
     rows_from_tables,
@@ -417,9 +418,14 @@ def fit(directory: str | os.PathLike | None, gpu_name: str, rows: Sequence[Row] 
     if carried is not None:
         family8 = constants_for(gpu, "fp8")
         consts8 = {n: {"prior": float(getattr(family8, n)), "fitted": v} for n, v in values8.items()}
+    # what the fitted values were fitted alongside (Calibration.changed); the fp8 family's only where fp8 rows
+    # were fitted (without them fp8 predictions take today's family constants with the bf16 fit carried over)
+    held = {"bf16": held_constants(prior, consts)}
+    if consts8:
+        held["fp8"] = held_constants(constants_for(gpu, "fp8"), consts8)
     return Calibration(gpu.name, gpu.kernel_family, consts, counts, residual, __version__,
                        created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), fit=how,
-                       constants_fp8=consts8)
+                       constants_fp8=consts8, held=held)
 
 
 def score(cal: Calibration | None, gpu_name: str, rows: Sequence[Row]) -> float:

@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from .calibration_params import (
@@ -35,6 +36,8 @@ from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
 MIN_ROWS = 4  # fewer measured rows of a kind than this cannot pin anything: refused
+LABELS = ("fitted_on", "borrowed_from")  # ArchConstants fields that say where values came from, not values
+log = logging.getLogger("m2live")
 
 
 # ---- the calibration file -----------------------------------------------------------------------------------
@@ -53,6 +56,10 @@ class Calibration:
     # fitted on gemm_fp8 rows from ``fp8_prior`` (the family's with what the bf16 fit says of the GPU); {} when no
     # fp8 row was measured (arch_constants("fp8") then still carries the bf16 fit's: carry_to_fp8)
     constants_fp8: dict[str, dict[str, float]] = field(default_factory=dict)
+    # precision -> the architecture's constants the fit held fixed (``held_constants``), as the model had them when
+    # the file was written: the fitted values were fitted alongside these, so a later m2live whose model changed
+    # one of them (a new term, a refitted prior) has fitted values that may count that change twice (``changed``)
+    held: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def fitted(self, dtype: str = "bf16") -> dict[str, float]:
         return {n: v["fitted"] for n, v in (self.constants_fp8 if dtype == "fp8" else self.constants).items()}
@@ -88,12 +95,40 @@ class Calibration:
             raise CalibrationError(f"calibration{src} is for {self.gpu}, not {name}: calibrate this GPU "
                                    "with `m2live calibrate plan/fit` or drop --calibration")
 
+    def changed(self) -> list[str]:
+        """What of the model this calibration was fitted under differs in this m2live: a calibrated constant's
+        prior, or a constant the fit held fixed (a term added since counts from its default); [] when none.
+        A file written before m2live recorded the held constants is checked on its priors only."""
+        gpu = get_gpu(self.gpu)
+        today = {"bf16": constants_for(gpu), **({"fp8": constants_for(gpu, "fp8")} if gpu.has_fp8 else {})}
+        out: list[str] = []
+        for dtype, ac in today.items():
+            section = self.constants_fp8 if dtype == "fp8" else self.constants
+            tag = " (fp8)" if dtype == "fp8" else ""
+            out += [f"{n} prior{tag} {_show(v['prior'])} -> {_show(getattr(ac, n))}" for n, v in section.items()
+                    if not _same(v["prior"], getattr(ac, n))]
+            then = self.held.get(dtype)
+            if then is None:
+                continue
+            now = held_constants(ac, section)
+            defaults = {f.name: _json_value(f.default) for f in fields(ac) if f.default is not MISSING}
+            for n in sorted(set(then) | set(now)):
+                if n not in now:
+                    if n not in section:
+                        out.append(f"{n}{tag} (no longer in the model)")
+                elif not _same(then.get(n, defaults.get(n, MISSING)), now[n]):
+                    was = _show(then[n]) if n in then else _show(defaults[n]) if n in defaults else "absent"
+                    out.append(f"{n}{tag} {was} -> {_show(now[n])}")
+        return out
+
     def to_json(self) -> dict:
         doc = {"schema": SCHEMA, "gpu": self.gpu, "arch": self.arch, "m2live_version": self.m2live_version,
                "created": self.created, "constants": self.constants, "rows": self.rows, "residual": self.residual,
                "fit": self.fit}
         if self.constants_fp8:
             doc["constants_fp8"] = self.constants_fp8
+        if self.held:
+            doc["held"] = self.held
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -122,9 +157,35 @@ class Calibration:
             raise CalibrationError(f"{where}: fp8 constants for {gpu.name}, which has no fp8 tensor cores")
         clean = _checked_constants(consts, ALL_CALIBRATED, where, "constant")
         clean8 = _checked_constants(consts8, FP8_CALIBRATED, where, "fp8 constant")
+        held = doc.get("held", {})
+        if not (isinstance(held, dict) and all(k in ("bf16", "fp8") and isinstance(v, dict) for k, v in held.items())):
+            raise CalibrationError(f"{where}: 'held' must be an object of bf16 / fp8 -> {{name: value}}")
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),
-                   dict(doc.get("fit") or {}), path, clean8)
+                   dict(doc.get("fit") or {}), path, clean8, held)
+
+
+def held_constants(ac: ArchConstants, fitted: Iterable[str]) -> dict[str, object]:
+    """The constants of ``ac`` a fit of ``fitted`` held at the architecture's values (every field but those and the
+    labels), as JSON values (tuples as lists)."""
+    skip = set(fitted) | set(LABELS)
+    return {f.name: _json_value(getattr(ac, f.name)) for f in fields(ac) if f.name not in skip}
+
+
+def _json_value(v: object) -> object:
+    return [_json_value(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def _same(a: object, b: object) -> bool:
+    """One constant's value then and now: numbers to a relative 1e-9 (a JSON round trip is exact), others equal."""
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if numbers:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-30)
+    return _json_value(a) == _json_value(b)
+
+
+def _show(v: object) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else json.dumps(_json_value(v)) if isinstance(v, (tuple, list)) else str(v)
 
 
 def fp8_prior(gpu: GpuSpec, bf16_fitted: dict[str, float]) -> ArchConstants:
@@ -171,7 +232,14 @@ def load(path: str | os.PathLike) -> Calibration:
         raise CalibrationError(f"{p}: not JSON ({e.msg}, line {e.lineno})") from None
     except (ValueError, RecursionError) as e:  # a 4300-digit integer, nesting past the recursion limit
         raise CalibrationError(f"{p}: not a calibration ({str(e)[:120]})") from None
-    return Calibration.from_json(doc, p)
+    cal = Calibration.from_json(doc, p)
+    changed = cal.changed()
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        log.warning("%s was fitted under a model that has changed since (%s%s): its fitted values may count a "
+                    "changed term twice; refit it with `m2live calibrate fit` on the rows it was measured from",
+                    p, ", ".join(changed[:4]), more)
+    return cal
 
 
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | None  # --calibration: one file, or one per GPU

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 # subcommand -> (module, one-line help). Modules must import without vLLM, torch or a GPU.
@@ -67,6 +68,13 @@ def one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the library's warnings (a calibration fitted under an older model, a CPU device's re-measurement) as
+    # "m2live COMMAND: warning: ..." lines on stderr, not bare messages
+    log = logging.getLogger("m2live")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"m2live {args.command}: warning: %(message)s"))
+    log.addHandler(handler)
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:
@@ -78,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"m2live {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        log.removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -616,8 +616,10 @@ def test_fp8_calibration_inputs_that_cannot_be_are_refused(tmp_path, cal_file):
     a100_doc = {**doc, "gpu": "NVIDIA A100-SXM4-80GB", "arch": "ampere", "constants": {},
                 "constants_fp8": {"eta_tc": {"prior": 0.7, "fitted": 0.6}}}
     a100_cal = tmp_path / "a100.json"  # a bf16 calibration of a GPU without fp8: an fp8 table is refused as without one
-    a100_cal.write_text(json.dumps({**doc, "gpu": "NVIDIA A100-SXM4-80GB", "arch": "ampere",
-                                    "constants": {"eta_mem": {"prior": 0.9, "fitted": 0.85}}}))
+    a100_mem = constants_for(get_gpu("a100-80gb")).eta_mem  # today's prior, nothing held: no stale-model warning
+    a100_cal.write_text(json.dumps({**{k: v for k, v in doc.items() if k != "held"}, "gpu": "NVIDIA A100-SXM4-80GB",
+                                    "arch": "ampere",
+                                    "constants": {"eta_mem": {"prior": a100_mem, "fitted": a100_mem * 0.95}}}))
     fp8_table = tmp_path / "t_fp8.csv"
     fp8_table.write_text("m,n,k\n16,4096,4096\n")
     assert "no fp8 tensor cores" in one_line_error(run("ops", str(fp8_table), "--gpu", "a100-80gb",
