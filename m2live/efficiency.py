@@ -115,6 +115,10 @@ class ArchConstants:
     # next 31 sequences, one dependent round of loads each, so every SM's lookups over a call pass the whole batch:
     # t_sched per 31 sequences (s). 0: no such cost (other kernels; FA3 over larger batches)
     t_sched: float = 0.0
+    # FA3's packed query rows in decode (PackGQA: a KV head's query heads are the rows of its tile, gathered in and
+    # written out row by row, not by TMA): t_qrow per query row of an item, with the item's fixed work (s). 0: a
+    # cost per item whatever its rows (or a query tile's cost, decode_tile_cost)
+    t_qrow: float = 0.0
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # vLLM's KV-cache write (reshape_and_cache_flash) runs one CTA per token of min(KV heads x head_dim, 512)
     # threads: a latency-bound kernel whose CTAs in flight are capped by the SM's resident threads and CTAs
@@ -378,9 +382,17 @@ ARCH: dict[str, ArchConstants] = {
         # attention --only item_cost,cta_bw,t_split,eta_attn_mem,item_overlap,t_sched --max-rows 8000, the KV ramp
         # held): decode 5.64 -> 4.57 %, prefill 4.80 -> 4.71 % (its single-token rows); t_sched 0.48 us a round
         # of 31 sequences, ~15 ns a sequence (the same term over every batch size: 5.09 %; none, refitted: 5.57 %)
-        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.719352, k0_attn=433.682, eta_attn_mem=0.999846,
-        item_cost=3.38301e-06, block_cost=2.76566e-06, cta_bw=4.84812e+10, t_split=2.59154e-06,
-        t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.45028, t_sched=4.80104e-07,
+        # FA3's packed query rows (t_qrow, 2026-12-07): a decode item's query heads are its tile's rows, gathered
+        # in and written out row by row (PackGQA, not TMA), 25.5 ns a row — 512 bytes of q and output at ~20 GB/s,
+        # below the CTA's KV stream (cta_bw 48 GB/s). The H100 table at one key and one KV head, past the
+        # scheduler's batches: 1024 sequences of 8 / 32 / 64 query heads 41.5 / 41.9 / 45.9 us, 2048 73.7 / 82.9 /
+        # 94.7 us. Refitted with it (--gpus h100_sxm --groups attention --only item_cost,cta_bw,t_split,
+        # eta_attn_mem,item_overlap,t_sched,t_qrow --max-rows 8000, t_ramp_kv held): decode 4.57 -> 4.28 %,
+        # prefill 4.71 %; a query-tile cost table as FA2's and TRT-LLM's (decode_tile_cost: 8 / 16 / 32 / 64 rows
+        # 1.0 / 1.05 / 1.17 / 1.38, the KV stream slowed alike) 4.30 % with three constants to this one's
+        t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=0.719352, k0_attn=433.682, eta_attn_mem=0.999845,
+        item_cost=3.2558e-06, block_cost=2.76566e-06, cta_bw=4.84886e+10, t_split=2.596e-06,
+        t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.51632, t_sched=4.62669e-07, t_qrow=2.55153e-08,
         # vLLM decodes under a full CUDA graph, where it caps FA3's KV splits at 32 (decode_max_splits; the
         # collector's table agrees: one sequence over a 64-128 K-token KV ran ~1.35 x slower than two sequences
         # over the same bytes). item_overlap, item_cost, cta_bw, t_split refitted with it on all decode rows:
@@ -510,7 +522,7 @@ FITTED_GROUPS: dict[str, tuple[str, ...]] = {
              "k_balance", "t_kiter", "limiter_headroom"),
     "attention": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "eta_attn_mem", "item_cost", "block_cost",
                   "cta_bw", "t_split", "t_merge", "t_relayout", "t_cache_cta", "t_ramp_kv", "l2_kv_bytes_per_clk",
-                  "item_overlap", "t_sched"),
+                  "item_overlap", "t_sched", "t_qrow"),
 }
 FITTED = tuple(n for group in FITTED_GROUPS.values() for n in group)
 # Fitted constants that only one kernel path prices: where a family's kernel facts never take that path, no
@@ -521,6 +533,7 @@ ONLY_WHERE: dict[str, Callable[[ArchConstants], bool]] = {
     "k_split": lambda c: not c.tile_rule,  # the split-K threshold likewise
     "t_relayout": lambda c: c.split_needs_gqa,  # FA2's grouped-query relayout (OpModel.decode_attention)
     "t_sched": lambda c: c.decode_split_rule == "flash",  # FA3's varlen tile scheduler (OpModel.decode_attention)
+    "t_qrow": lambda c: c.decode_split_rule == "flash",  # FA3's packed query rows (OpModel.decode_attention)
     # the slices of a split that evens out a full grid's last wave (gemm_efficiency)
     "k_balance": lambda c: c.tile_policy == "largest_filling" and not c.tile_rule,
 }

@@ -460,6 +460,9 @@ class OpModel:
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
         t_items = waves * c.item_cost * tile_cost
+        if c.t_qrow and c.decode_split_rule == "flash":
+            # FA3's PackGQA: the tile's query rows gathered in and written out row by row, t_qrow each
+            t_items += waves * c.t_qrow * group
         batch = max(call_seqs, n_seqs)  # the call's sequences: prefills sharing it count (attn_mixed_one_call)
         if c.t_sched and c.decode_split_rule == "flash" and batch <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
             # FA3's tile lookups: over a call each SM's CTAs step through the whole batch's tile counts, a round

@@ -335,6 +335,33 @@ def test_fa3_decode_pays_its_tile_scheduler_up_to_992_sequences():
         assert c.t_sched == 0.0 and not in_use(c, "t_sched")
 
 
+def test_fa3_decode_pays_per_packed_query_row():
+    """FA3 packs a KV head's query heads into the rows of its decode tile (PackGQA) and gathers them in and writes
+    them out row by row: t_qrow per query row of an item. The H100 table, one key of context, one KV head, 1024
+    sequences (past the scheduler's batches): 8 / 32 / 64 query heads take 41.5 / 41.9 / 45.9 us, at 2048
+    sequences 73.7 / 82.9 / 94.7 us. More query heads are never faster, and at short contexts 64 of them cost
+    more than 8 by about what the table shows; other kernels price no such cost."""
+    from dataclasses import replace
+
+    from m2live.efficiency import in_use
+    from m2live.predictor import OpModel
+
+    om = OpModel("NVIDIA H100 80GB HBM3")
+    assert om.c.t_qrow > 0 and in_use(om.c, "t_qrow")
+    bare = OpModel("NVIDIA H100 80GB HBM3", constants=replace(om.c, t_qrow=0.0))
+    for b, ctx in ((1, 8191), (64, 1023), (512, 1), (2048, 1), (2048, 255)):
+        t = [om.decode_attention(b * ctx, b, g, 1, 128).t for g in (1, 8, 16, 32, 64)]
+        assert t == sorted(t), (b, ctx, t)
+        assert om.decode_attention(b * ctx, b, 64, 1, 128).t > bare.decode_attention(b * ctx, b, 64, 1, 128).t
+    for b in (512, 2048):  # 64 over 8 query heads, measured 46.8 / 33.1 = 1.41 and 94.7 / 73.7 = 1.28
+        grow = om.decode_attention(b, b, 64, 1, 128).t / om.decode_attention(b, b, 8, 1, 128).t
+        bare_grow = bare.decode_attention(b, b, 64, 1, 128).t / bare.decode_attention(b, b, 8, 1, 128).t
+        assert grow > bare_grow + 0.1 and 1.1 < grow < 1.6, (b, grow, bare_grow)
+    for gpu in ("NVIDIA A100-SXM4-80GB", "NVIDIA B300 SXM6 AC"):
+        c = OpModel(gpu).c
+        assert c.t_qrow == 0.0 and not in_use(c, "t_qrow")
+
+
 def test_trtllm_decode_larger_query_tiles_are_never_faster():
     """TRT-LLM's generation kernels pack one KV head's query heads into a tile of 8/16/32/64 rows; its own cost
     model has the main loop slow with the tile (1.0 / 1.2 / 1.48 / 1.68): at the same KV bytes a larger group is
