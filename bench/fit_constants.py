@@ -41,6 +41,7 @@ from m2live.efficiency import (  # noqa: E402
     transfer,
 )
 from m2live.hardware import get_gpu  # noqa: E402
+from m2live.operators import tile_entry  # noqa: E402
 from m2live.predictor import OpModel  # noqa: E402
 from m2live.validate import gemm_ms, in_core_region, measured, prefill_ms, read_table  # noqa: E402
 
@@ -82,6 +83,7 @@ def load(folder: str, max_rows: int, seed: int = 0, root: Path = OPBENCH,
 
 CLOCK = {"mode": "power"}
 ONLY: set[str] = set()  # --only: the constants the simplex may move (empty: the whole group)
+TILES: dict[str, tuple[int, ...]] = {}  # --tiles: query-tile tables the attention simplex fits, name -> tiles
 
 
 def _clock(om: OpModel, window: tuple[int, int] = GEMM_BENCH_WINDOW):
@@ -136,12 +138,20 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
     # chosen on their grid
     names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and in_use(base, n)
                   and n not in GRID.get(group, {}) and (not ONLY or n in ONLY))
-    x0 = np.array([math.log(getattr(base, n)) for n in names])
+    # --tiles: a query-tile table's entries after its first (held at 1.0), from the table's values or, for a table
+    # not yet set, from the main loop's (decode_tile_cost)
+    tiles = [(t, rows) for t, all_rows in TILES.items() for rows in all_rows[1:]] if group == "attention" else []
+    x0 = np.array([math.log(getattr(base, n)) for n in names]
+                  + [math.log(tile_entry(getattr(base, t) or base.decode_tile_cost, rows)) for t, rows in tiles])
 
     def consts(x: np.ndarray) -> ArchConstants:
-        vals = {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
+        vals: dict = {n: float(math.exp(v)) for n, v in zip(names, x, strict=False)}
         for n in BOUNDED & vals.keys():
             vals[n] = min(vals[n], 1.0)
+        for t, all_rows in TILES.items() if tiles else ():
+            entries = {rows: float(math.exp(v)) for (tt, rows), v in zip(tiles, x[len(names):], strict=True)
+                       if tt == t}
+            vals[t] = ((all_rows[0], 1.0), *((rows, entries[rows]) for rows in all_rows[1:]))
         return replace(base, **vals)
 
     def loss(x: np.ndarray) -> float:
@@ -164,8 +174,13 @@ def main() -> int:
                     "that touches one kind only refits that kind's constants and leaves the others as they are)")
     ap.add_argument("--gpus", default=",".join(GPUS), help="comma-separated opbench folders to refit (the others "
                     "keep efficiency.py's constants; all are scored)")
+    ap.add_argument("--tiles", default="", help="a query-tile table the attention fit moves, as NAME:8,16,32,64 "
+                    "(its first tile held at 1.0; e.g. decode_item_tile_cost)")
     args = ap.parse_args()
     ONLY.update(n for n in args.only.split(",") if n)
+    if args.tiles:
+        name, _, rows = args.tiles.partition(":")
+        TILES[name] = tuple(int(r) for r in rows.split(","))
     t0 = time.time()
     CLOCK["mode"] = args.clock
     fitted: dict[str, ArchConstants] = {}
@@ -177,12 +192,13 @@ def main() -> int:
             continue
         for group in args.groups.split(","):
             c = fit_group(gpu, c, group, data[folder], args.maxiter)
-            print(f"{folder} {group}: " + ", ".join(f"{n}={getattr(c, n):.4g}" for n in GROUPS[group]),
-                  flush=True)
+            print(f"{folder} {group}: " + ", ".join(f"{n}={getattr(c, n):.4g}" for n in GROUPS[group])
+                  + "".join(f", {t}={getattr(c, t)}" for t in TILES), flush=True)
         fitted[arch] = replace(c, fitted_on=f"opbench {folder} ({gpu})")
     full = {f: load(f, 10**9) for f in GPUS}
     kinds = ("gemm", "prefill_attention", "decode_attention")
-    report = {"fitted": {a: {n: getattr(c, n) for g in GROUPS.values() for n in g} for a, c in fitted.items()},
+    report = {"fitted": {a: {**{n: getattr(c, n) for g in GROUPS.values() for n in g},
+                             **{t: getattr(c, t) for t in TILES}} for a, c in fitted.items()},
               "in_sample": {}, "leave_one_gpu_out": {}, "seconds": None}
     for folder, (gpu, arch) in GPUS.items():  # leave-one-architecture-out: every other family's numbers
         report["in_sample"][gpu] = mape(gpu, fitted[arch], full[folder], kinds)

@@ -192,6 +192,10 @@ class ArchConstants:
     # heads into a tile of the smallest listed size that holds them, and a larger tile slows each CTA's pass over
     # its KV (its stream rate is cta_bw / cost). Empty: one rate for every group size
     decode_tile_cost: tuple[tuple[int, float], ...] = ()
+    # ((query tile, relative cost of an item's fixed work), ...) where the kernels that run each tile differ in it
+    # from their main loops' ratio above (TRT-LLM: tiles of 8-32 rows run its SwapsMmaAb kernels, 64 its
+    # KeepsMmaAb): a decode item's fixed work scales by its tile's entry. Empty: by decode_tile_cost
+    decode_item_tile_cost: tuple[tuple[int, float], ...] = ()
     # order in which prefill query tiles reach the SMs: "grid" (a plain grid, FA2's: head by head, each sequence's
     # tiles shortest first — a long tile can be dispatched last) or "lpt" (a persistent scheduler, FA3's: sequence
     # by sequence, each head's tiles longest first, to whichever SM frees first)
@@ -441,18 +445,32 @@ ARCH: dict[str, ArchConstants] = {
         # TRTLLM_KV_STEP; 128-key blocks before): decode 4.49 -> 3.82 %, prefill 4.80 -> 4.78 %; cta_bw 93 -> 166
         # GB/s (fewer, longer splits), t_merge 0.090 -> 0.146 us a split
         t_attn=8.90871e-06, t_attn_over=8.0742e-06, eta_attn=0.876606, k0_attn=613.248, eta_attn_mem=0.955043,
-        item_cost=1.53141e-06, block_cost=8.48454e-07, cta_bw=1.66057e+11, t_split=0.0, t_merge=1.45909e-07,
-        t_cache_cta=1.6876e-06, t_ramp_kv=9.20038e-07, l2_kv_bytes_per_clk=39.7028, item_overlap=6.47027,
+        # ... and refitted again (2026-12-07, --only item_cost,cta_bw,t_merge,item_overlap --tiles
+        # decode_item_tile_cost:8,16,32,64 --max-rows 8000) with the items' own tile costs (below): decode 3.82 ->
+        # 3.38 %, prefill 4.78 -> 4.77 %
+        item_cost=1.51186e-06, block_cost=8.48454e-07, cta_bw=1.67006e+11, t_split=0.0, t_merge=1.45981e-07,
+        t_cache_cta=1.6876e-06, t_ramp_kv=9.20038e-07, l2_kv_bytes_per_clk=39.7028, item_overlap=6.25461,
         # decode is FlashInfer's TRT-LLM generation kernel (kernel_source vllm_flashinfer_trtllmdecode): its own
         # split rule, the splits merged in the kernel — no combine kernel (t_split 0: the fit drove it to 3e-10 s)
         decode_split_rule="trtllm",
         # TRT-LLM's own cost model of its generation kernels' main loop by query tile (kernelMainloopCost in
         # fmhaKernels.h's selectTileSizeQForGqaGeneration): 8 rows 1.0, 16 1.2, 32 1.48, 64 1.68, 128 2.2; it
-        # scales a CTA's KV stream rate and its work item's fixed cost alike.
+        # scales a CTA's KV stream rate (and until 2026-12-07 its work item's fixed cost alike: below).
         # (eta_attn_mem, item_cost, cta_bw, t_merge refitted with both, bench/fit_constants.py --gpus b300_sxm
         # --groups attention --only item_cost,cta_bw,t_merge,eta_attn_mem: B300 decode 8.18 -> 6.06 %; the split
         # rule alone 7.35 %, the tile cost on the stream 7.15 %, on the item cost too 6.08 % before this refit)
         decode_tile_cost=((8, 1.0), (16, 1.2), (32, 1.48), (64, 1.68), (128, 2.2)),
+        # A decode item's fixed work by query tile is not the main loop's ratio: for one new token FlashInfer runs
+        # query groups of <= 8 / 16 / 32 rows in its SwapsMmaAb kernels and 33-64 in its KeepsMmaAb kernel
+        # (fmhaKernels.cuh selectGqGenerationKernel; its cost-model search only for several new tokens). The B300
+        # table at one key and one KV head, 1024 -> 2048 sequences (the call's floor cancels): 1.52 / 2.01 / 3.34 /
+        # 2.98 us of SM time an item at 8 / 16 / 32 / 64 query heads — the 32-row swapped kernel slower an item
+        # than the 64-row one, where the model had 1.0 / 1.2 / 1.48 / 1.68 and ran 15-25 % fast at 32 heads over
+        # 512-2048 sequences. Fitted over every decode row with the decode constants (bench/fit_constants.py
+        # --gpus b300_sxm --groups attention --only item_cost,cta_bw,t_merge,item_overlap --tiles
+        # decode_item_tile_cost:8,16,32,64 --max-rows 8000): B300 decode 3.82 -> 3.38 %; the ratios as read off
+        # those rows, the constants refitted: 3.53 %; the main loop's table refitted for both uses: 3.39 %
+        decode_item_tile_cost=((8, 1.0), (16, 1.22926), (32, 2.03358), (64, 1.87052)),
         # FlashInfer's TRT-LLM context kernels (kernel_source vllm_flashinfer_trtllmprefill) run one head per CTA
         # over query tiles of 128 rows: a short chunk pays the per-CTA prologue for a full tile (fit: B300
         # prefill 13.8 % with no padding, 12.0 % with 128)

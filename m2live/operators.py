@@ -87,6 +87,14 @@ def fa2_key_block(head_dim: int) -> int:
     return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
 
 
+def tile_entry(table: tuple[tuple[int, float], ...], rows: int) -> float:
+    """A query-tile table's entry for ``rows`` query rows: the smallest listed tile that holds them (the largest
+    where none does); 1.0 for an empty table."""
+    if not table:
+        return 1.0
+    return next((cost for tile, cost in table if tile >= rows), table[-1][1])
+
+
 # FA2's varlen grouped-query decode (flash_api.cpp, seqlenq_ngroups_swapped): q in, the output and q back
 RELAYOUT_COPIES = 3
 PRECISIONS = ("bf16", "fp16", "fp8")  # weights of the four projections; attention, KV cache, LM head stay 16-bit
@@ -452,14 +460,15 @@ class OpModel:
             split = fa2_splits(items, kv_blocks, sms) if fa2 else decode_splits(items, kv_blocks, sms,
                                                                                  c.decode_max_splits)
         ctas = items * split
-        tile_cost = 1.0  # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and
-        if c.decode_tile_cost:  # its fixed work (softmax, rescaling, the output) alike
-            tile_cost = next((cost for rows, cost in c.decode_tile_cost if rows >= group), c.decode_tile_cost[-1][1])
+        # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and its fixed work
+        # (softmax, rescaling, the output) alike, or the fixed work by a table of its own
+        tile_cost = tile_entry(c.decode_tile_cost, group)
+        item_tile = tile_entry(c.decode_item_tile_cost, group) if c.decode_item_tile_cost else tile_cost
         # FA2 launches one CTA per item and the SM given the most items finishes last (whole waves of items: 128
         # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
-        t_items = waves * c.item_cost * tile_cost
+        t_items = waves * c.item_cost * item_tile
         if c.t_qrow and c.decode_split_rule == "flash":
             # FA3's PackGQA: the tile's query rows gathered in and written out row by row, t_qrow each
             t_items += waves * c.t_qrow * group
