@@ -5,8 +5,9 @@ B300 SXM6 AC → blackwell):
   GEMM group       eta_tc, i_crit, k0, t_kernel, eta_mem, t_ramp, overlap, k_split and k_balance (on grids)
                    on GEMMs with N,K in [1024, 16384]
   attention group  t_attn, t_attn_over, eta_attn, k0_attn, eta_attn_mem, item_cost, block_cost, cta_bw, t_split,
-                   t_merge, t_relayout, t_cache_cta, t_ramp_kv, l2_kv_bytes_per_clk, item_overlap, t_sched on
-                   head_dim-128 attention rows (efficiency.FITTED_GROUPS)
+                   t_merge, t_relayout, t_cache_cta, t_ramp_kv, l2_kv_bytes_per_clk, item_overlap, t_sched,
+                   t_qrow on head_dim-128 attention rows (efficiency.FITTED_GROUPS); with --tiles NAME:8,16,32,64
+                   also a query-tile table's entries after its first (decode_item_tile_cost)
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants), every row
 predicted exactly as `m2live validate` does (burst clock from the power model, L2 re-reads of the loop).
 Leave-one-architecture-out: the numbers fitted on one GPU predict each other GPU from its datasheet alone (that GPU
