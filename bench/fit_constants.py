@@ -25,7 +25,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -150,9 +150,11 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
         for n in BOUNDED & vals.keys():
             vals[n] = min(vals[n], 1.0)
         for t, all_rows in TILES.items() if tiles else ():
-            entries = {rows: float(math.exp(v)) for (tt, rows), v in zip(tiles, x[len(names):], strict=True)
-                       if tt == t}
-            vals[t] = ((all_rows[0], 1.0), *((rows, entries[rows]) for rows in all_rows[1:]))
+            # the fitted entries over the table's others (a tile the rows do not reach keeps its value)
+            entries = {**dict(getattr(base, t)), all_rows[0]: 1.0,
+                       **{rows: float(math.exp(v)) for (tt, rows), v in zip(tiles, x[len(names):], strict=True)
+                          if tt == t}}
+            vals[t] = tuple(sorted(entries.items()))
         return replace(base, **vals)
 
     def loss(x: np.ndarray) -> float:
@@ -181,6 +183,10 @@ def main() -> int:
     ONLY.update(n for n in args.only.split(",") if n)
     if args.tiles:
         name, _, rows = args.tiles.partition(":")
+        if name not in {f.name for f in fields(ArchConstants)} or not isinstance(getattr(ARCH["hopper"], name), tuple):
+            ap.error(f"--tiles: {name!r} is not a query-tile table of ArchConstants (e.g. decode_item_tile_cost)")
+        if len(args.gpus.split(",")) != 1:
+            ap.error("--tiles fits one GPU's table: name that GPU alone with --gpus")
         TILES[name] = tuple(int(r) for r in rows.split(","))
     t0 = time.time()
     CLOCK["mode"] = args.clock

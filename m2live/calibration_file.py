@@ -102,23 +102,30 @@ class Calibration:
         gpu = get_gpu(self.gpu)
         today = {"bf16": constants_for(gpu), **({"fp8": constants_for(gpu, "fp8")} if gpu.has_fp8 else {})}
         out: list[str] = []
+        named: set[str] = set()  # the fp8 constants share the bf16 ones' other fields: each change said once
         for dtype, ac in today.items():
             section = self.constants_fp8 if dtype == "fp8" else self.constants
             tag = " (fp8)" if dtype == "fp8" else ""
-            out += [f"{n} prior{tag} {_show(v['prior'])} -> {_show(getattr(ac, n))}" for n, v in section.items()
-                    if not _same(v["prior"], getattr(ac, n))]
+            for n, v in section.items():
+                if not _same(v["prior"], getattr(ac, n)):
+                    out.append(f"{n} prior{tag} {_show(v['prior'])} -> {_show(getattr(ac, n))}")
+                    named.add(n)
             then = self.held.get(dtype)
             if then is None:
                 continue
             now = held_constants(ac, section)
             defaults = {f.name: _json_value(f.default) for f in fields(ac) if f.default is not MISSING}
             for n in sorted(set(then) | set(now)):
+                if n in named and dtype == "fp8":
+                    continue
                 if n not in now:
                     if n not in section:
                         out.append(f"{n}{tag} (no longer in the model)")
+                        named.add(n)
                 elif not _same(then.get(n, defaults.get(n, MISSING)), now[n]):
                     was = _show(then[n]) if n in then else _show(defaults[n]) if n in defaults else "absent"
                     out.append(f"{n}{tag} {was} -> {_show(now[n])}")
+                    named.add(n)
         return out
 
     def to_json(self) -> dict:
@@ -158,8 +165,10 @@ class Calibration:
         clean = _checked_constants(consts, ALL_CALIBRATED, where, "constant")
         clean8 = _checked_constants(consts8, FP8_CALIBRATED, where, "fp8 constant")
         held = doc.get("held", {})
-        if not (isinstance(held, dict) and all(k in ("bf16", "fp8") and isinstance(v, dict) for k, v in held.items())):
-            raise CalibrationError(f"{where}: 'held' must be an object of bf16 / fp8 -> {{name: value}}")
+        if not (isinstance(held, dict) and all(k in ("bf16", "fp8") and isinstance(v, dict)
+                                               and all(_plain(x) for x in v.values()) for k, v in held.items())):
+            raise CalibrationError(f"{where}: 'held' must be an object of bf16 / fp8 -> {{name: value}}, each value "
+                                   "a number, string, boolean or a list of them (or of such lists)")
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),
                    dict(doc.get("fit") or {}), path, clean8, held)
@@ -172,6 +181,16 @@ def held_constants(ac: ArchConstants, fitted: Iterable[str]) -> dict[str, object
     return {f.name: _json_value(getattr(ac, f.name)) for f in fields(ac) if f.name not in skip}
 
 
+def _plain(v: object, depth: int = 0) -> bool:
+    """A value an ArchConstants field can hold, as JSON: a finite number, string, boolean or null, or a list of
+    them (tables: lists of lists, two levels deep)."""
+    if isinstance(v, list):
+        return depth < 2 and all(_plain(x, depth + 1) for x in v)
+    if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)):
+        return abs(v) < 1e300 and math.isfinite(v)
+    return v is None or isinstance(v, (str, bool))
+
+
 def _json_value(v: object) -> object:
     return [_json_value(x) for x in v] if isinstance(v, (tuple, list)) else v
 
@@ -179,9 +198,12 @@ def _json_value(v: object) -> object:
 def _same(a: object, b: object) -> bool:
     """One constant's value then and now: numbers to a relative 1e-9 (a JSON round trip is exact), others equal."""
     numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
-    if numbers:
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-30)
-    return _json_value(a) == _json_value(b)
+    try:
+        if numbers:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-30)
+        return _json_value(a) == _json_value(b)
+    except (OverflowError, RecursionError, TypeError, ValueError):  # nothing a model of ours holds: changed
+        return False
 
 
 def _show(v: object) -> str:
@@ -218,7 +240,9 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
     return clean
 
 
-def load(path: str | os.PathLike) -> Calibration:
+def load(path: str | os.PathLike, warn: bool = True) -> Calibration:
+    """The calibration at ``path``, validated; with ``warn``, one warning naming what of the model it was fitted
+    under has changed since (``Calibration.changed``)."""
     p = str(path)
     try:
         text = Path(p).read_text()
@@ -233,7 +257,7 @@ def load(path: str | os.PathLike) -> Calibration:
     except (ValueError, RecursionError) as e:  # a 4300-digit integer, nesting past the recursion limit
         raise CalibrationError(f"{p}: not a calibration ({str(e)[:120]})") from None
     cal = Calibration.from_json(doc, p)
-    changed = cal.changed()
+    changed = cal.changed() if warn else []
     if changed:
         more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
         log.warning("%s was fitted under a model that has changed since (%s%s): its fitted values may count a "

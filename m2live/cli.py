@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter(f"m2live {args.command}: warning: %(message)s"))
+    if log.handlers:  # a host that already shows them (the plugin's own handler in this process)
+        handler = logging.NullHandler()
     log.addHandler(handler)
     try:
         return int(args._run(args) or 0)

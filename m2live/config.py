@@ -176,7 +176,7 @@ class M2liveConfig:
             from .calibration_file import CalibrationError, load
 
             try:
-                load(self.calibration)
+                load(self.calibration, warn=False)  # read to check it; its users say what changed since
             except CalibrationError as e:
                 raise ConfigError(f"M2LIVE_CALIBRATION: {e}") from None
         if not (1e-6 <= self.device_scale <= 1e6):

@@ -106,3 +106,57 @@ def test_malformed_held_constants_are_one_line_errors(tmp_path, capsys):
         assert main(["ops", str(GEMM), "--gpu", "h100-sxm", "--calibration", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "'held'" in err[0], err
+
+
+def test_held_values_no_model_holds_are_one_line_errors(tmp_path, capsys):
+    """An integer past any float, or lists nested deeper than a table, are refused when read, never a traceback
+    when compared."""
+    _, doc = _calibration()
+    path = tmp_path / "odd.json"
+    deep: list = [1.0]
+    for _ in range(600):
+        deep = [deep]
+    for bad in (10**400, deep, {"a": 1}, float("nan")):
+        doc["held"]["bf16"]["t_sched"] = bad
+        path.write_text(json.dumps(doc))
+        assert main(["ops", str(GEMM), "--gpu", "h100-sxm", "--calibration", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "'held'" in err[0], err
+
+
+def test_a_change_the_fp8_constants_share_is_named_once():
+    """The fp8 constants share every field but their GEMM group's with the bf16 ones: a change to one of those is
+    named once, not again for fp8."""
+    gpu = get_gpu("h100-sxm")
+    prior, prior8 = constants_for(gpu), constants_for(gpu, "fp8")
+    consts = {"item_cost": {"prior": prior.item_cost, "fitted": prior.item_cost}}
+    consts8 = {"eta_tc": {"prior": prior8.eta_tc, "fitted": prior8.eta_tc}}
+    cal = Calibration(gpu.name, gpu.kernel_family, consts, {"decode": 16, "gemm_fp8": 32}, {}, "0", "", {}, None,
+                      consts8, {"bf16": held_constants(prior, consts), "fp8": held_constants(prior8, consts8)})
+    doc = cal.to_json()
+    for dtype in ("bf16", "fp8"):
+        doc["held"][dtype]["t_sched"] = 0.0
+    doc["held"]["fp8"]["item_cost"] = prior.item_cost * 0.8  # the fp8 side held the bf16 prior that moved
+    doc["constants"]["item_cost"]["prior"] = prior.item_cost * 0.8
+    changed = Calibration.from_json(doc).changed()
+    assert [c.split(" ")[0] for c in changed].count("t_sched") == 1, changed
+    assert [c.split(" ")[0] for c in changed].count("item_cost") == 1, changed
+
+
+def test_config_check_says_it_once_and_passes(tmp_path):
+    """`m2live config check` reads M2LIVE_CALIBRATION to validate it and says what changed once, as a warning
+    (exit 0): a calibration of an older model is still a calibration."""
+    import os
+    import subprocess
+    import sys
+
+    _, doc = _calibration()
+    doc["held"]["bf16"]["t_sched"] = 0.0
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    env = {**os.environ, "M2LIVE_CALIBRATION": str(path), "M2LIVE_GPU": "h100-sxm"}
+    p = subprocess.run([sys.executable, "-m", "m2live", "config", "check"], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stderr.splitlines() if "was fitted under a model that has changed" in line]
+    assert len(warned) == 1 and warned[0].startswith("m2live config: warning: "), p.stderr
