@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter(f"m2live {args.command}: warning: %(message)s"))
-    if log.handlers:  # a host that already shows them (the plugin's own handler in this process)
-        handler = logging.NullHandler()
-    log.addHandler(handler)
+    log.addHandler(handler)  # (a plugin's handler in the same process, as in tests, shows them in its own format too)
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:

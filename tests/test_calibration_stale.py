@@ -92,8 +92,9 @@ def test_the_cli_says_so_in_one_warning_line_and_predicts(tmp_path, capsys):
     path.write_text(json.dumps(doc))
     out = tmp_path / "o.csv"
     assert main(["ops", str(GEMM), "--gpu", "h100-sxm", "--calibration", str(path), "-o", str(out)]) == 0
-    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(err) == 1 and err[0].startswith("m2live ops: warning: ") and "t_sched" in err[0], err
+    # (an in-process plugin test may have given the m2live logger its own handler: only the CLI's lines count)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("m2live ops: warning: ")]
+    assert len(err) == 1 and "t_sched" in err[0], err
     assert out.stat().st_size > 0
 
 
