@@ -146,16 +146,14 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
                   + [math.log(tile_entry(getattr(base, t) or base.decode_tile_cost, rows)) for t, rows in tiles])
 
     def consts(x: np.ndarray) -> ArchConstants:
-        vals: dict = {n: float(math.exp(v)) for n, v in zip(names, x, strict=False)}
+        vals: dict = {n: float(math.exp(v)) for n, v in zip(names, x[:len(names)], strict=True)}
         for n in BOUNDED & vals.keys():
             vals[n] = min(vals[n], 1.0)
-        for t, all_rows in TILES.items() if tiles else ():
-            # the fitted entries over the table's others (a tile the rows do not reach keeps its value)
-            entries = {**dict(getattr(base, t)), all_rows[0]: 1.0,
-                       **{rows: float(math.exp(v)) for (tt, rows), v in zip(tiles, x[len(names):], strict=True)
-                          if tt == t}}
-            vals[t] = tuple(sorted(entries.items()))
-        return replace(base, **vals)
+        # a table's fitted entries over its others (a tile the rows do not reach keeps its value), its first at 1.0
+        tables = {t: {**dict(getattr(base, t)), TILES[t][0]: 1.0} for t in TILES if tiles}
+        for (t, rows), v in zip(tiles, x[len(names):], strict=True):
+            tables[t][rows] = float(math.exp(v))
+        return replace(base, **vals, **{t: tuple(sorted(e.items())) for t, e in tables.items()})
 
     def loss(x: np.ndarray) -> float:
         m = mape(gpu, consts(x), data, kinds, dtype)

@@ -114,18 +114,17 @@ class Calibration:
             if then is None:
                 continue
             now = held_constants(ac, section)
-            defaults = {f.name: _json_value(f.default) for f in fields(ac) if f.default is not MISSING}
             for n in sorted(set(then) | set(now)):
-                if n in named and dtype == "fp8":
+                if (dtype == "fp8" and n in named) or (n not in now and n in section):  # said, or fitted now
                     continue
                 if n not in now:
-                    if n not in section:
-                        out.append(f"{n}{tag} (no longer in the model)")
-                        named.add(n)
-                elif not _same(then.get(n, defaults.get(n, MISSING)), now[n]):
-                    was = _show(then[n]) if n in then else _show(defaults[n]) if n in defaults else "absent"
-                    out.append(f"{n}{tag} {was} -> {_show(now[n])}")
-                    named.add(n)
+                    out.append(f"{n}{tag} (no longer in the model)")
+                else:
+                    was = then.get(n, _DEFAULTS.get(n, MISSING))  # a term added since: its default stood for it
+                    if _same(was, now[n]):
+                        continue
+                    out.append(f"{n}{tag} {'absent' if was is MISSING else _show(was)} -> {_show(now[n])}")
+                named.add(n)
         return out
 
     def to_json(self) -> dict:
@@ -165,8 +164,7 @@ class Calibration:
         clean = _checked_constants(consts, ALL_CALIBRATED, where, "constant")
         clean8 = _checked_constants(consts8, FP8_CALIBRATED, where, "fp8 constant")
         held = doc.get("held", {})
-        if not (isinstance(held, dict) and all(k in ("bf16", "fp8") and isinstance(v, dict)
-                                               and all(_plain(x) for x in v.values()) for k, v in held.items())):
+        if not _held_ok(held):
             raise CalibrationError(f"{where}: 'held' must be an object of bf16 / fp8 -> {{name: value}}, each value "
                                    "a number, string, boolean or a list of them (or of such lists)")
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
@@ -179,6 +177,12 @@ def held_constants(ac: ArchConstants, fitted: Iterable[str]) -> dict[str, object
     labels), as JSON values (tuples as lists)."""
     skip = set(fitted) | set(LABELS)
     return {f.name: _json_value(getattr(ac, f.name)) for f in fields(ac) if f.name not in skip}
+
+
+def _held_ok(held: object) -> bool:
+    """A file's 'held' section: bf16 / fp8 -> {name: a value an ArchConstants field can hold}."""
+    return isinstance(held, dict) and all(k in ("bf16", "fp8") and isinstance(v, dict)
+                                          and all(_plain(x) for x in v.values()) for k, v in held.items())
 
 
 def _plain(v: object, depth: int = 0) -> bool:
@@ -195,19 +199,22 @@ def _json_value(v: object) -> object:
     return [_json_value(x) for x in v] if isinstance(v, (tuple, list)) else v
 
 
+# each ArchConstants field's default, as a JSON value: what a file written before the field existed was fitted with
+_DEFAULTS = {f.name: _json_value(f.default) for f in fields(ArchConstants) if f.default is not MISSING}
+
+
 def _same(a: object, b: object) -> bool:
-    """One constant's value then and now: numbers to a relative 1e-9 (a JSON round trip is exact), others equal."""
-    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
-    try:
-        if numbers:
-            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-30)
-        return _json_value(a) == _json_value(b)
-    except (OverflowError, RecursionError, TypeError, ValueError):  # nothing a model of ours holds: changed
-        return False
+    """One constant's value then and now (JSON values, checked by ``_plain``): numbers to a relative 1e-9 (a JSON
+    round trip is exact), others equal."""
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-30)
+    return a == b
 
 
 def _show(v: object) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else json.dumps(_json_value(v)) if isinstance(v, (tuple, list)) else str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return json.dumps(v) if isinstance(v, list) else str(v)
 
 
 def fp8_prior(gpu: GpuSpec, bf16_fitted: dict[str, float]) -> ArchConstants:

@@ -448,6 +448,7 @@ class OpModel:
         grouped = heads > kv_heads
         group = heads // kv_heads if grouped else 1  # query heads per CTA (plain multi-head: one)
         fa2 = c.decode_split_rule == "fa2"  # FlashAttention-2: its own split rule, one CTA per item
+        fa3 = c.decode_split_rule == "flash"  # FlashAttention-3: its scheduler and packed query rows
         split = 1
         step_pad = 1.0  # keys a CTA's whole main-loop steps cover, over the keys it reads (TRT-LLM)
         if c.decode_split_rule == "trtllm":
@@ -463,17 +464,17 @@ class OpModel:
         # the query tile that holds one KV head's query heads sets a CTA's pace: its KV stream and its fixed work
         # (softmax, rescaling, the output) alike, or the fixed work by a table of its own
         tile_cost = tile_entry(c.decode_tile_cost, group)
-        item_tile = tile_entry(c.decode_item_tile_cost, group) if c.decode_item_tile_cost else tile_cost
+        item_tile = tile_entry(c.decode_item_tile_cost or c.decode_tile_cost, group)
         # FA2 launches one CTA per item and the SM given the most items finishes last (whole waves of items: 128
         # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
         t_items = waves * c.item_cost * item_tile
-        if c.t_qrow and c.decode_split_rule == "flash":
+        if fa3 and c.t_qrow:
             # FA3's PackGQA: the tile's query rows gathered in and written out row by row, t_qrow each
             t_items += waves * c.t_qrow * group
         batch = max(call_seqs, n_seqs)  # the call's sequences: prefills sharing it count (attn_mixed_one_call)
-        if c.t_sched and c.decode_split_rule == "flash" and batch <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
+        if fa3 and c.t_sched and batch <= FA3_DYNAMIC_SPLIT_MAX_BATCH:
             # FA3's tile lookups: over a call each SM's CTAs step through the whole batch's tile counts, a round
             # of loads per 31 sequences, with the items' other fixed work (t_sched)
             t_items += c.t_sched * batch / FA3_SCHEDULER_SEQS_PER_ROUND
