@@ -44,7 +44,7 @@ CALIBRATED: dict[str, tuple[str, ...]] = {
              "limiter_headroom", "l2_bytes_per_clk"),
     "prefill": ("t_attn", "t_attn_over", "eta_attn", "k0_attn", "block_cost", "t_cache_cta"),
     "decode": ("t_attn", "t_attn_over", "eta_attn_mem", "item_cost", "cta_bw", "t_split", "t_merge", "t_relayout",
-               "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap"),
+               "t_ramp_kv", "l2_kv_bytes_per_clk", "item_overlap", "t_sched", "t_qrow"),
     # the fp8 GEMM group as bench/fit_fp8.py fits it (efficiency.FITTED_GROUPS["fp8_gemm"]): CUTLASS's ceiling,
     # feed, latency, streaming and K-block floor, and the input quantisation's per-row cost and per-SM stream —
     # not the fitted kernel facts (efficiency.FP8_KERNEL_FITTED: Hopper's ragged-M cost), which a GPU takes from
@@ -99,20 +99,24 @@ def carry_to_fp8(fp8: ArchConstants, bf16_prior: ArchConstants, bf16_fitted: dic
 # How far the rows may move each constant from its prior, and how hard the ridge pulls it back. Constants are
 # fitted as log(theta) (positive, multiplicative errors) unless named in LINEAR (a prior of 0 is a valid value).
 # SIGMA: one prior standard deviation (in log units; in the constant's own units for LINEAR ones).
-# t_split / t_merge / t_relayout / t_fixup are linear: a prior of 0 is a kernel path the prior's kernels never take, which
-# another GPU's kernels may (a zero-shot prior borrowed from Hopper for an FA2 GPU).
-LINEAR: frozenset[str] = frozenset({"t_split", "t_merge", "t_relayout", "t_fixup"})
+# t_split / t_merge / t_relayout / t_fixup / t_sched / t_qrow are linear: a prior of 0 is a kernel path the prior's
+# kernels never take, which another GPU's kernels may (a zero-shot prior borrowed from Hopper for an FA2 GPU; FA3's
+# tile scheduler and packed query rows for a Hopper GPU on Blackwell's constants, which have neither)
+LINEAR: frozenset[str] = frozenset({"t_split", "t_merge", "t_relayout", "t_fixup", "t_sched", "t_qrow"})
 SIGMA_DEFAULT = 0.5
 SIGMA: dict[str, float] = {"eta_tc": 0.2, "eta_mem": 0.15, "eta_attn": 0.2, "eta_attn_mem": 0.15, "overlap": 0.3,
                            "t_ramp": 0.7, "k_split": 0.7, "t_split": 4e-6, "t_merge": 1e-7, "t_relayout": 4e-6,
-                           "t_fixup": 1e-6, "limiter_headroom": 0.3}
+                           "t_fixup": 1e-6, "limiter_headroom": 0.3,
+                           # FA3's scheduler round and packed query row: about their H100 values (0.46 us, 26 ns)
+                           "t_sched": 5e-7, "t_qrow": 2.5e-8}
 BOUNDS_REL = (0.1, 10.0)  # theta within [prior * lo, prior * hi] unless in BOUNDS
 BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2, 1.1), "eta_attn": (0.1, 1.3),
                                           "eta_attn_mem": (0.1, 1.1), "overlap": (1.1, 12.0),
                                           "item_overlap": (1.0, 12.0),
                                           "k_split": (128.0, 8192.0), "t_split": (0.0, 4e-5),
                                           "t_merge": (0.0, 1e-6), "t_relayout": (0.0, 4e-5),
-                                          "t_fixup": (0.0, 1e-5),
+                                          "t_fixup": (0.0, 1e-5), "t_sched": (0.0, 5e-6),
+                                          "t_qrow": (0.0, 2.5e-7),
                                           # the limiter's fast loop: from holding the TDP to no second stage
                                           "limiter_headroom": (1.0, 2.0)}
 # What a calibration file may hold at all (a fitted value: this widened to its prior, as the fit widens it;

@@ -117,7 +117,8 @@ class ArchConstants:
     t_sched: float = 0.0
     # FA3's packed query rows in decode (PackGQA: a KV head's query heads are the rows of its tile, gathered in and
     # written out row by row, not by TMA): t_qrow per query row of an item, with the item's fixed work (s). 0: a
-    # cost per item whatever its rows (or a query tile's cost, decode_tile_cost)
+    # cost per item whatever its rows (or a query tile's cost, decode_tile_cost). Both are calibrated decode
+    # constants, linear (calibration_params.LINEAR): a prior from a family without FA3 holds 0 and a fit moves it
     t_qrow: float = 0.0
     t_relayout: float = 0.0  # FA2 grouped-query decode: copying q into (group x KV head) rows and out back (s)
     # vLLM's KV-cache write (reshape_and_cache_flash) runs one CTA per token of min(KV heads x head_dim, 512)

@@ -172,6 +172,30 @@ def test_constants_the_rows_cannot_see_stay_at_their_prior(truth):
     assert set(fitted) <= set(cal.CALIBRATED["gemm"])  # only GEMM rows: attention constants are not touched
 
 
+def test_fa3s_own_decode_costs_are_fitted_from_a_prior_that_never_priced_them():
+    """A Hopper GPU on Blackwell's constants (the zero-shot check) has no FA3 scheduler round nor packed-row cost —
+    Blackwell's kernels take neither path, so its prior holds 0 for both. They are linear constants, like the
+    split-KV combine: the planned decode rows of a GPU whose FA3 pays them move them off 0, and a prior whose
+    kernels do not run FA3 never fits them."""
+    gpu = get_gpu(H100)
+    truth = constants_for(gpu)
+    assert truth.t_sched > 0 and truth.t_qrow > 0
+    prior = replace(transfer(truth, ARCH["blackwell"]), borrowed_from="blackwell (test)")
+    assert prior.t_sched == 0 and prior.t_qrow == 0
+    rows = synthetic_rows(H100, truth, kinds=("prefill", "decode"))
+    fitted = cal.fit_constants(gpu, rows, prior)
+    assert fitted["t_sched"] > 0 and fitted["t_qrow"] > 0
+    dec = [r for r in rows if r.kind == "decode"]
+    meas = np.array([r.ms for r in dec])
+    before = np.mean(np.abs(cal.predict_rows(gpu, prior, dec) / meas - 1))
+    after = np.mean(np.abs(cal.predict_rows(gpu, replace(prior, **fitted), dec) / meas - 1))
+    assert after < before
+    for name in ("t_sched", "t_qrow"):
+        assert name in cal.LINEAR and name in cal.CALIBRATED["decode"]
+        assert name not in cal.active([name], constants_for(get_gpu("NVIDIA B200")))  # TRT-LLM decode: unused
+        assert name not in cal.active([name], constants_for(get_gpu("NVIDIA A100-SXM4-80GB")))  # FA2
+
+
 def test_cross_validation_keeps_the_prior_unless_the_gain_beats_its_noise():
     rng = np.random.default_rng(0)
     prior = np.abs(rng.normal(0.08, 0.05, 16))
