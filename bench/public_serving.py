@@ -93,21 +93,22 @@ POINTS: list[dict] = [
         "isl": 2065, "osl": 64, "vllm": "0.31", "num_prompts": 1,
         "runs": [(1, 720.0 / 63, 182.0)],
     },
-    {
+    *({
         "source": "https://github.com/vllm-project/vllm/pull/20759 (baseline rows, 2025-07)",
         "setup": "4x NVIDIA B200 (TP 4), vLLM V1 of mid-2025 (before async scheduling was on by default), "
                  "Llama-3.1-70B-Instruct bf16, --no-enable-prefix-caching; vllm bench serve sonnet (550 in incl. "
-                 "a 200-token prefix, 150 out) at 1 request/s — simulated as that open loop (Poisson, 200 requests "
-                 "assumed, no concurrency cap; one request in flight before 2026-12-05: TPOT 9.76, TTFT 30.3 ms)",
-        "stated": "mean TPOT 12.88 ms, mean TTFT 45.0 ms at QPS 1",
+                 f"a 200-token prefix, 150 out) at {qps:g} request/s for 60 s ({60 * qps:g} prompts, Poisson, no "
+                 "concurrency cap) — simulated as that open loop (until 2026-12-07 only the 1/s row, as 200 "
+                 "prompts; one request in flight before 2026-12-05: TPOT 9.76, TTFT 30.3 ms)",
+        "stated": f"mean TPOT {tpot} ms, mean TTFT {ttft} ms at QPS {qps:g}",
         "gpu": "NVIDIA B200", "model": "meta-llama/Llama-3.1-70B", "tp": 4, "precision": "bf16",
         # main of July 2025, between 0.9.2 and 0.10.0 (the two differ in none of the defaults simulated): no async
         # scheduling (on by default from 0.14) nor all-reduce + RMSNorm fusion (from 0.16), the token budget of the
         # >= 70 GiB tier (8192), graphs up to 512, gpu_memory_utilization 0.9 — m2live.vllm_release's rules
         "isl": 550, "osl": 150, "vllm": "0.10",
-        "request_rate": 1.0, "num_prompts": 200, "prefix_caching": False,  # its sonnet prompts share 200 tokens
-        "runs": [(200, 12.88, 45.02)],
-    },
+        "request_rate": qps, "num_prompts": 60 * qps, "prefix_caching": False,  # its sonnet prompts share 200 tokens
+        "runs": [(60 * qps, tpot, ttft)],
+    } for qps, tpot, ttft in ((1, 12.88, 45.02), (5, 14.12, 48.57), (10, 17.67, 55.48))),
     {
         "source": "https://github.com/ovg-project/kvcached/pull/331 (benchmarks/bench_layout/H100_results.md, "
                   "config A 'vanilla')",
