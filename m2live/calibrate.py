@@ -180,6 +180,12 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
         if not sub:
             continue
         present = [k for k in group if any(r.kind == k for r in sub)]
+        if "decode" in present and base.l2_kv_bytes_per_clk == 0:
+            # 0 stands for "the GEMV's L2 rate" (OpModel.l2_time), which Ampere's and Hopper's KV-cache reads keep:
+            # the fit starts from that rate, so the planned decode rows can find the GPU's own (a log-scaled
+            # constant cannot leave 0). It shows where the L2 is not much faster than the DRAM: an H200 on
+            # Hopper's constants, the B300 on them in the zero-shot check (decode at 32 rows 5.37 -> 4.13 %)
+            base = replace(base, l2_kv_bytes_per_clk=base.l2_bytes_per_clk)
         names = {"all": active((n for k in present for n in CALIBRATED[k]), base),
                  "primary": active((n for k in present for n in PRIMARY[k]), base)}
         choice, cv = (_cross_validate(gpu, sub, base, names) if len(sub) >= CV_MIN_ROWS

@@ -127,9 +127,16 @@ BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2,
 TIME_LIKE = frozenset({"item_cost", "block_cost", "q_row"})
 
 
+# Constants whose 0 stands for another constant's value, not for none: l2_kv_bytes_per_clk 0 is the GEMV's L2 rate
+# (OpModel.l2_time). A fit starts such a constant from the value it stands for (calibrate.fit_constants), so a file
+# may record a prior of 0 with a fitted value
+ZERO_MEANS_OTHER: frozenset[str] = frozenset({"l2_kv_bytes_per_clk"})
+
+
 def plausible_range(name: str) -> tuple[float, float]:
     """(lo, hi) that any value of the constant ``name`` lies in: the fit's own BOUNDS, which it clips to, both
-    ends included; else (0, hi], 0 included only for a LINEAR constant (``in_plausible_range``)."""
+    ends included; else (0, hi], 0 included only for a LINEAR constant or one whose 0 stands for another's value
+    (``in_plausible_range``)."""
     if name in BOUNDS:
         return BOUNDS[name]
     if name.startswith("t_") or name in TIME_LIKE:
@@ -158,7 +165,7 @@ def in_plausible_range(name: str, x: float, prior: float | None = None) -> bool:
     lo, hi = range_for(name, prior)
     if not (math.isfinite(x) and x <= hi * (1 + PLAUSIBLE_RTOL)):
         return False
-    return x >= lo * (1 - PLAUSIBLE_RTOL) if (lo > 0 or name in LINEAR) else x > lo
+    return x >= lo * (1 - PLAUSIBLE_RTOL) if (lo > 0 or name in LINEAR or name in ZERO_MEANS_OTHER) else x > lo
 
 
 # Piecewise-constant in the loss (a library heuristic's threshold): chosen on a grid around the prior, not by LM.

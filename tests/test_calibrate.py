@@ -13,6 +13,7 @@ import pytest
 from conftest import MODELS, OPBENCH, free_port, one_line_error, run
 
 from m2live import calibrate as cal
+from m2live.calibration_params import ZERO_MEANS_OTHER
 from m2live.efficiency import (
     ARCH,
     ARCH_FP8,
@@ -164,6 +165,34 @@ def test_a_large_l2_in_front_of_gddr_has_its_reread_rate_measured(l2_rate):
     t = cal.predict_rows(gpu, truth, others)
     f = cal.predict_rows(gpu, replace(prior, **fitted), others)
     assert 100 * np.mean(np.abs(f - t) / t) < 0.5
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_a_kv_cache_read_from_l2_has_its_own_rate_measured(factor, tmp_path):
+    """Ampere's and Hopper's constants hold 0 for the rate decode kernels read an L2-resident KV cache at — "the
+    GEMV's rate" — which an H200 takes from the H100. Its planned decode rows re-read caches from an L2 not much
+    faster than its 4.8 TB/s of HBM3e, so a GPU whose kernels read them at another rate is fitted from the GEMV's
+    rate, not stuck at it (a log-scaled constant cannot leave 0)."""
+    gpu = get_gpu("NVIDIA H200")
+    prior = constants_for(gpu)
+    assert prior.l2_kv_bytes_per_clk == 0 and prior.l2_bytes_per_clk > 0
+    truth = replace(prior, l2_kv_bytes_per_clk=factor * prior.l2_bytes_per_clk)
+    rows = [cal.Row("decode", r) for r in cal.plan(gpu.name, "decode")]
+    rows = [replace(r, ms=float(m)) for r, m in zip(rows, cal.predict_rows(gpu, truth, rows), strict=True)]
+    fitted = replace(prior, **cal.fit_constants(gpu, rows))
+    moved = fitted.l2_kv_bytes_per_clk / prior.l2_bytes_per_clk
+    assert (moved < 0.85) if factor < 1 else (moved > 1.15)
+    others = [cal.Row("decode", r) for r in cal.grid_rows("decode")[::5][:800]]
+    t = cal.predict_rows(gpu, truth, others)
+    before = np.mean(np.abs(cal.predict_rows(gpu, prior, others) / t - 1))
+    after = np.mean(np.abs(cal.predict_rows(gpu, fitted, others) / t - 1))
+    assert after < 0.6 * before
+    # the file records the prior as the family has it (0) beside the fitted rate, and reads back
+    path = tmp_path / "h200.json"
+    cal.fit(None, gpu.name, rows=rows).save(path)
+    doc = json.loads(path.read_text())["constants"]["l2_kv_bytes_per_clk"]
+    assert doc["prior"] == 0 and doc["fitted"] == pytest.approx(fitted.l2_kv_bytes_per_clk)
+    assert cal.load(path).arch_constants().l2_kv_bytes_per_clk == pytest.approx(fitted.l2_kv_bytes_per_clk)
 
 
 def test_constants_the_rows_cannot_see_stay_at_their_prior(truth):
@@ -343,7 +372,10 @@ def test_calibration_file_round_trips_and_names_its_contents(cal_file):
     assert set(doc["residual"]) == set(BF16_KINDS) and "constants_fp8" not in doc
     for n, v in doc["constants"].items():
         assert n in cal.ALL_CALIBRATED
-        assert (v["prior"] >= 0 and v["fitted"] >= 0) if n in cal.LINEAR else (v["prior"] > 0 and v["fitted"] > 0)
+        assert v["fitted"] >= 0 if n in cal.LINEAR else v["fitted"] > 0
+        # a prior of 0: a kernel path the family's kernels never take (linear), or a 0 that stands for another
+        # constant's value, which the fit starts from (the KV cache's L2 rate: the GEMV's)
+        assert v["prior"] >= 0 if n in cal.LINEAR | ZERO_MEANS_OTHER else v["prior"] > 0
     assert set(doc["fit"]) == {"gemm", "prefill+decode"}  # what cross-validation chose, per fit group
     c = cal.load(cal_file)
     assert c.arch_constants().eta_tc == pytest.approx(doc["constants"]["eta_tc"]["fitted"])
@@ -815,7 +847,9 @@ def test_with_no_point_the_guard_accepts_every_group_falls_back_to_its_prior(mon
     prior = constants_for(gpu)
     monkeypatch.setattr(cal, "_guard", lambda *a, **k: None)
     vals = cal.fit_constants(gpu, rows, prior)
-    assert vals and all(v == getattr(prior, n) for n, v in vals.items()), vals
+    # (the KV cache's L2 rate, 0 in Hopper's constants, is the GEMV's rate it stands for: the same predictions)
+    same = {n: getattr(prior, n) or (prior.l2_bytes_per_clk if n == "l2_kv_bytes_per_clk" else 0.0) for n in vals}
+    assert vals and all(v == same[n] for n, v in vals.items()), vals
 
 
 # ---- several GPUs' calibrations at once (--calibration once per GPU) ---------------------------------------
