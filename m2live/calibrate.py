@@ -59,6 +59,7 @@ from .calibration_params import (
     SIGMA,
     SIGMA_DEFAULT,
     TABLE_KIND,
+    ZERO_MEANS_OTHER,
     CalibrationError,
     Params,
     Row,
@@ -180,12 +181,14 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
         if not sub:
             continue
         present = [k for k in group if any(r.kind == k for r in sub)]
-        if "decode" in present and base.l2_kv_bytes_per_clk == 0:
-            # 0 stands for "the GEMV's L2 rate" (OpModel.l2_time), which Ampere's and Hopper's KV-cache reads keep:
-            # the fit starts from that rate, so the planned decode rows can find the GPU's own (a log-scaled
-            # constant cannot leave 0). It shows where the L2 is not much faster than the DRAM: an H200 on
-            # Hopper's constants, the B300 on them in the zero-shot check (decode at 32 rows 5.37 -> 4.13 %)
-            base = replace(base, l2_kv_bytes_per_clk=base.l2_bytes_per_clk)
+        # a 0 that stands for another constant's value (ZERO_MEANS_OTHER: Ampere's and Hopper's KV-cache reads at
+        # the GEMV's L2 rate) is fitted from that value — a log-scaled constant cannot leave 0 — and the path's
+        # start keeps the 0, so a combination that keeps this group at its start prices as the prior does whatever
+        # the GEMM group's point. It shows where the L2 is not much faster than the DRAM: an H200 on Hopper's
+        # constants, the B300 on them in the zero-shot check
+        stand_in = {n: 0.0 for n in ZERO_MEANS_OTHER
+                    if getattr(base, n) == 0 and any(n in CALIBRATED[k] for k in present)}
+        base = replace(base, **{n: getattr(base, ZERO_MEANS_OTHER[n]) for n in stand_in})
         names = {"all": active((n for k in present for n in CALIBRATED[k]), base),
                  "primary": active((n for k in present for n in PRIMARY[k]), base)}
         choice, cv = (_cross_validate(gpu, sub, base, names) if len(sub) >= CV_MIN_ROWS
@@ -198,6 +201,7 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
             # every path ends at start (t = 0): the fallback below and base take a path's last point as its prior
             paths.append(_path(base, start, fitted)[:-1]
                          + _reweighted_points(gpu, sub, base, start, fitted, names[choice[0]], choice[1]) + [start])
+        paths[-1][-1].update(stand_in)
         base = replace(base, **paths[-1][0])
         if report is not None:
             report["+".join(present)] = {"constants": "prior" if choice is None else choice[0],
@@ -205,7 +209,8 @@ def fit_constants(gpu: GpuSpec, rows: Sequence[Row], prior: ArchConstants | None
     # (a group left at its prior can hold another group's fit back: on the A100's plan rows GEMM's fit moves the KV
     # write of attention; letting a mild attention fit compensate was tried and made the held-out rows worse)
     best = _guard(gpu, prior, rows, ref, paths)
-    return best if best is not None else {n: v for pa in paths for n, v in pa[-1].items()}
+    out = best if best is not None else {n: v for pa in paths for n, v in pa[-1].items()}
+    return {n: v for n, v in out.items() if not (n in ZERO_MEANS_OTHER and v == 0)}  # left at the prior's 0
 
 
 # A group of kinds that share constants (prefill and decode: the attention floor, the KV stream's ceiling) is fitted

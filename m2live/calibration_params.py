@@ -127,10 +127,10 @@ BOUNDS: dict[str, tuple[float, float]] = {"eta_tc": (0.2, 1.3), "eta_mem": (0.2,
 TIME_LIKE = frozenset({"item_cost", "block_cost", "q_row"})
 
 
-# Constants whose 0 stands for another constant's value, not for none: l2_kv_bytes_per_clk 0 is the GEMV's L2 rate
-# (OpModel.l2_time). A fit starts such a constant from the value it stands for (calibrate.fit_constants), so a file
-# may record a prior of 0 with a fitted value
-ZERO_MEANS_OTHER: frozenset[str] = frozenset({"l2_kv_bytes_per_clk"})
+# Constants whose 0 stands for another constant's value, not for none: l2_kv_bytes_per_clk 0 is the GEMV's L2 rate,
+# l2_bytes_per_clk (OpModel.l2_time). A fit starts such a constant from the value it stands for (calibrate.
+# fit_constants), so a file may record a prior of 0 with a fitted value
+ZERO_MEANS_OTHER: dict[str, str] = {"l2_kv_bytes_per_clk": "l2_bytes_per_clk"}
 
 
 def plausible_range(name: str) -> tuple[float, float]:
