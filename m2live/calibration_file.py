@@ -231,7 +231,7 @@ def _checked_constants(consts: dict, allowed: tuple[str, ...], where: str, what:
             raise CalibrationError(f"{where}: {n!r} is not a calibrated {what} ({', '.join(allowed)})")
         try:
             prior, val = float(v["prior"]), float(v["fitted"])
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: an integer past any float
             raise CalibrationError(f"{where}: {what} {n!r} needs numeric 'prior' and 'fitted'") from None
         if not (math.isfinite(val) and (val > 0 or (n in LINEAR and val >= 0))):
             raise CalibrationError(f"{where}: {what} {n!r} has an invalid fitted value {v['fitted']!r}")

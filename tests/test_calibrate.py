@@ -436,7 +436,10 @@ def test_broken_calibration_files_are_refused(tmp_path, cal_file):
                  json.dumps({**json.loads(cal_file.read_text()), "gpu": "no-such-gpu"}),
                  json.dumps({**json.loads(cal_file.read_text()), "constants": {"eta_tc": {"prior": 1}}}),
                  json.dumps({**json.loads(cal_file.read_text()),
-                             "constants": {"item_overlap": {"prior": 1.5, "fitted": 1e-6}}})):
+                             "constants": {"item_overlap": {"prior": 1.5, "fitted": 1e-6}}}),
+                 # an integer past any float (it had raised OverflowError through the CLI)
+                 json.dumps({**json.loads(cal_file.read_text()),
+                             "constants": {"eta_tc": {"prior": 0.9, "fitted": 10**400}}})):
         f = tmp_path / "c.json"
         f.write_text(text)
         one_line_error(run("ops", str(table), "--gpu", "h100-sxm", "--calibration", str(f)))
