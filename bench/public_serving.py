@@ -93,6 +93,20 @@ POINTS: list[dict] = [
         "isl": 2065, "osl": 64, "vllm": "0.31", "num_prompts": 1,
         "runs": [(1, 720.0 / 63, 182.0)],
     },
+    {
+        "source": "https://github.com/gpustack/gpustack docs/performance-lab/qwen3-8b/h100-latency.md (the "
+                  "'vLLM' result of its step 1, the baseline)",
+        "setup": "1x NVIDIA H100 SXM (as stated), vLLM v0.11.0, `vllm serve Qwen/Qwen3-8B` (bf16, defaults); "
+                 "vllm bench serve --backend openai-chat --endpoint /v1/chat/completions, ShareGPT, 100 prompts, "
+                 "--max-concurrency 4 (closed loop). ShareGPT's lengths vary: simulated at the run's means, "
+                 "23,260 input tokens / 100 = 233 plus Qwen3's chat template around a one-message prompt (9 "
+                 "tokens), and 22,061 generated / 100 = 221 out (the dataset's own lengths, EOS allowed)",
+        "stated": "mean TPOT 7.38 ms (median 7.40), mean TTFT 64.00 ms (median 60.26); SGLang on the same "
+                  "machine and client: TTFT 27.70 ms",
+        "gpu": "NVIDIA H100 80GB HBM3", "model": "Qwen/Qwen3-8B", "tp": 1, "precision": "bf16",
+        "isl": 242, "osl": 221, "vllm": "0.11", "num_prompts": 100,
+        "runs": [(4, 7.38, 64.00)],
+    },
     *({
         "source": "https://github.com/vllm-project/vllm/pull/20759 (baseline rows, 2025-07)",
         "setup": "4x NVIDIA B200 (TP 4), vLLM V1 of mid-2025 (before async scheduling was on by default), "
