@@ -209,6 +209,9 @@ def test_release_defaults_reach_the_simulated_server():
     a = assumed("NVIDIA B200", 2, vllm_version="0.32")
     assert (a["vllm_version"], a["max_num_batched_tokens"], a["cuda_graph_max_batch"]) == ("0.32.0", 16384, 1024)
     assert a["vllm_version_from"] == "given"
+    a = assumed("NVIDIA B200", 2, vllm_version="0.40")  # past the rules read: simulated with the newest, and said
+    assert a["vllm_version"] == "0.40.0" and a["max_num_batched_tokens"] == 16384
+    assert a["vllm_version_from"].startswith("given; newer than 0.33")
     a = assumed("NVIDIA H100 80GB HBM3", 2, vllm_version="0.15")
     assert a["async_scheduling"] and a["allreduce_rms_fusion_max_tokens"] == 0 and a["gpu_memory_utilization"] == 0.9
     a = assumed("NVIDIA H100 80GB HBM3", 2, vllm_version="0.12")
