@@ -990,7 +990,9 @@ def forecast_clock_ratio(
 # 6.17 %, the blackwell group refitted (bench/fit_fp8.py --gpus b300_sxm, 2000-row sample, scored on all rows)
 # 5.68 -> 5.20 % (M = 257 -13 -> +3 %, 513 -14 -> -2 %), leave-one-GPU-out B300 <- H100 7.33 -> 7.21 %,
 # H100 <- B300 9.04 -> 9.22 %. Not modelled: the B300's M = 1 rows run 3x slower than its M = 2 rows (17.9 vs
-# 5.6 us at N = K = 1024) and come out 56 % fast.
+# 5.6 us at N = K = 1024) and come out 56 % fast — a fixed ~13 us more (10-17 us at every N and K from 128 to
+# 65536, whatever the size), at one token only and not on the H100; vLLM's sm100 dispatch runs M = 1-16 with
+# one config, so the cost is outside the GEMM's tiles and its cause is not known.
 # Then (2026-12-06) the H100's ragged M (tma_oob, a kernel fact fitted on opbench_fp8 h100_sxm, every region row,
 # bench/fit_fp8.py --gpus h100_sxm --max-rows 15000): two GEMMs that run the same grid of tiles are not equally
 # fast — M = 513 and 768 (six 128-row tile rows each) take 56.5 and 41.2 us at N = 2560, K = 8192, M = 129 and 256
