@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -58,6 +59,7 @@ from admission import (  # noqa: E402
     read_trace,
 )
 from admission import run_client as run_poisson_client  # noqa: E402
+from tokenize_cost import cpu_name  # noqa: E402
 
 from m2live.enginelock import engine_lock  # noqa: E402
 
@@ -442,9 +444,9 @@ def score(workdir: Path) -> dict:
     }
 
 
-def speed() -> dict:
+def speed(jobs: int | None = None) -> dict:
     """Wall time of ``m2live simulate --batch`` over a grid like the outside check's (models x GPUs x TP x
-    ISL/OSL x concurrency), on this machine."""
+    ISL/OSL x concurrency), on this machine: in ``jobs`` processes (None: the command's default, one per core)."""
     import csv
     import itertools
 
@@ -465,9 +467,10 @@ def speed() -> dict:
                 w.writerow([m, g, tp, i, o, c, "fp8" if "Llama" in m else "bf16"])
                 rows += 1
         t0 = time.perf_counter()
-        rc = cli_main(["simulate", "--batch", str(src), "-o", str(dst)])
+        rc = cli_main(["simulate", "--batch", str(src), "-o", str(dst), *(["--jobs", str(jobs)] if jobs else [])])
         dt = time.perf_counter() - t0
     return {"configurations": rows, "wall_s": dt, "ms_per_configuration": 1e3 * dt / rows, "rc": rc,
+            "jobs": jobs or "default (one per core, at most 8)", "cores": len(os.sched_getaffinity(0)),
             "grid": "Llama-3.1-8B fp8, Llama-3.1-70B fp8, Qwen3-32B bf16 x H100/H200/B200 x TP 1/2/4/8 x "
                     "(ISL, OSL) in {1k/1k, 8k/1k, 1k/8k} x C in {4, 32, 128}; 10 x C requests each"}
 
@@ -481,11 +484,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "it cannot hold at full length: admission waits and preemptions")
     ap.add_argument("--workdir", help="keep the raw runs here (default: a temporary directory, removed)")
     ap.add_argument("--rescore", metavar="DIR", help="score a kept run directory again (no engine)")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="only the simulator's speed over the grid, in one process and in the default processes")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.speed_only:
+        out = {"run_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name(),
+               "one_process": speed(1), "default_processes": speed()}
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        for k in ("one_process", "default_processes"):
+            print(f"simulate --batch, {k.replace('_', ' ')}: {out[k]['configurations']} configurations in "
+                  f"{out[k]['wall_s']:.1f} s ({out[k]['ms_per_configuration']:.0f} ms each)")
+        return 0
     if a.rescore:
         workdir = Path(a.rescore)
         cleanup = False

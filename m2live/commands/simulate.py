@@ -4,9 +4,9 @@
                   [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N]
                   [--kv-cache-gib G | --num-gpu-blocks-override K]
                   [--calibration CAL.json ...] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
-  m2live simulate --batch FILE.csv -o OUT.csv [any flag above but the configuration's own (model, GPU, TP,
-                  lengths, concurrency) and --json: it holds for every row whose cell for it is blank, absent or
-                  auto; a row's num_gpu_blocks_override cell wins over --kv-cache-gib]
+  m2live simulate --batch FILE.csv -o OUT.csv [--jobs N] [any flag above but the configuration's own (model,
+                  GPU, TP, lengths, concurrency) and --json: it holds for every row whose cell for it is blank,
+                  absent or auto; a row's num_gpu_blocks_override cell wins over --kv-cache-gib]
 
 What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-len I --random-output-len O
 --ignore-eos --max-concurrency C --request-rate inf --num-prompts N`` (default N = 10 x C) against one
@@ -41,6 +41,8 @@ import argparse
 import csv
 import json
 import math
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -144,6 +146,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                        "input_<name>")
     p.add_argument("-o", "--output", metavar="OUT.csv", help="with --batch: where to write (default stdout); a "
                    "configuration that cannot run (does not fit, ...) is written with an error column, and exit 2")
+    p.add_argument("--jobs", metavar="N", help="with --batch: simulate the rows in N processes (default: one per "
+                   "CPU core this process may use, at most 8, and at most one per 4 rows; 1: in this process); "
+                   "a file with a row on the CPU device runs in this process")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -270,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         return run_batch(args)
     if args.output:
         raise SimulationError("-o/--output goes with --batch")
+    if args.jobs is not None:
+        raise SimulationError("--jobs goes with --batch")
     for f in ("model", "gpu", "isl", "osl", "concurrency"):
         if not getattr(args, f):
             raise SimulationError(f"--{f} is required (or --batch FILE.csv)")
@@ -395,25 +402,16 @@ def run_batch(args: argparse.Namespace) -> int:
     for row in rows:
         row.update({new: row.get(old, "") for old, new in renamed.items()})
     noted = False
-    for n, (row, (fields_, cells)) in enumerate(zip(rows, parsed, strict=True), start=2):
+    jobs = _batch_jobs(args.jobs, parsed)
+    outcomes = _outcomes(parsed, flags, args.precision, jobs)
+    for n, (row, (ok, res)) in enumerate(zip(rows, outcomes, strict=True), start=2):
         out = {k: row.get(k, "") for k in kept}
-        try:
-            if fields_[6] is None and args.precision:  # a blank precision cell: --precision, else the checkpoint's
-                fields_ = (*fields_[:6], args.precision)
-            given = {k: v for k, v in cells.items() if v is not None}
-            if "num_gpu_blocks" in given:  # a row's num_gpu_blocks_override sizes its cache, whatever --kv-cache-gib
-                given["kv_gib"] = None
-            r = run_one(*fields_, **{**flags, **given})
-        except (ValueError, KeyError, OSError) as e:  # this configuration cannot run: said in its row and on
-            msg = one_line(e)  # stderr, and the other rows still run (nothing computed is lost)
-            failed.append(f"{path}:{n}: {msg}")
-            out[BATCH_ERROR] = msg
-        else:
-            out.update({"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
-                        "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"})
-            if "utilization_raised_from" in r.memory:  # the cache at vLLM's default share held no whole request
-                out[BATCH_NOTE] = r.memory["note"]
-                noted = True
+        if ok:
+            out.update(res)
+            noted = noted or BATCH_NOTE in res
+        else:  # this configuration cannot run: said in its row and on stderr, and the other rows still run
+            failed.append(f"{path}:{n}: {res}")  # (nothing computed is lost)
+            out[BATCH_ERROR] = res
         out_rows.append(out)
     # blank cells where a row has none
     fields = [*kept, *BATCH_OUT, *([BATCH_ERROR] if failed else []), *([BATCH_NOTE] if noted else [])]
@@ -421,13 +419,81 @@ def run_batch(args: argparse.Namespace) -> int:
         with open(args.output, "w", newline="") as f:
             _write(f, fields, out_rows)
         if not failed:
-            print(f"{len(out_rows)} configurations simulated in {time.perf_counter() - t0:.1f} s -> {args.output}",
-                  file=sys.stderr)
+            print(f"{len(out_rows)} configurations simulated in {time.perf_counter() - t0:.1f} s"
+                  f"{f' ({jobs} processes)' if jobs > 1 else ''} -> {args.output}", file=sys.stderr)
     else:
         _write(sys.stdout, fields, out_rows)
     for msg in failed:  # one line per row that cannot run, as a bad row's (and exit 2): every other row is written
         print(f"m2live simulate: error: {msg}", file=sys.stderr)
     return 2 if failed else 0
+
+
+# a batch's parsed rows and flag settings while its rows are simulated in processes forked from this one
+# (``_outcomes``): the children read them from here, so nothing of a row is pickled but its index and its result
+_BATCH_JOB: dict = {}
+MAX_JOBS = 256  # --jobs: processes, not a thread count a typo can turn into millions
+
+
+def _batch_jobs(text: str | None, parsed: list[tuple[tuple, dict]]) -> int:
+    """How many processes simulate a batch's rows: ``--jobs``, else one per CPU core this process may use (at most 8)
+    and one per 4 rows; 1 where a row is on the CPU device (measured in this process, with torch's threads, which a
+    forked child must not inherit)."""
+    if any(_is_cpu(fields_[1]) for fields_, _ in parsed):
+        return 1
+    if text is not None:
+        jobs = _pos_int(text, "--jobs")
+        if jobs > MAX_JOBS:
+            raise SimulationError(f"--jobs must be at most {MAX_JOBS}, got {text!r}")
+        return min(jobs, len(parsed))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8, len(parsed) // 4))
+
+
+def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None) -> tuple[bool, dict | str]:
+    """One batch row simulated: (True, its output cells) or (False, the one line saying why it cannot run)."""
+    try:
+        if fields_[6] is None and precision:  # a blank precision cell: --precision, else the checkpoint's
+            fields_ = (*fields_[:6], precision)
+        given = {k: v for k, v in cells.items() if v is not None}
+        if "num_gpu_blocks" in given:  # a row's num_gpu_blocks_override sizes its cache, whatever --kv-cache-gib
+            given["kv_gib"] = None
+        r = run_one(*fields_, **{**flags, **given})
+    except (ValueError, KeyError, OSError) as e:
+        return False, one_line(e)
+    out = {"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
+           "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"}
+    if "utilization_raised_from" in r.memory:  # the cache at vLLM's default share held no whole request
+        out[BATCH_NOTE] = r.memory["note"]
+    return True, out
+
+
+def _forked_row(i: int) -> tuple[bool, dict | str]:
+    job = _BATCH_JOB
+    fields_, cells = job["parsed"][i]
+    return _row_outcome(fields_, cells, job["flags"], job["precision"])
+
+
+def _outcomes(parsed: list[tuple[tuple, dict]], flags: dict, precision: str | None,
+              jobs: int) -> list[tuple[bool, dict | str]]:
+    """Every row's ``_row_outcome``, in the rows' order: here, or in ``jobs`` forked processes, rows of one model,
+    GPU, TP and precision handed out together so that a process builds their predictor once. The simulation is
+    deterministic: the same cells either way."""
+    if jobs <= 1 or len(parsed) < 2:
+        return [_row_outcome(fields_, cells, flags, precision) for fields_, cells in parsed]
+    order = sorted(range(len(parsed)), key=lambda i: tuple(str(v) for v in (*parsed[i][0][:3], parsed[i][0][6])))
+    _BATCH_JOB.update(parsed=parsed, flags=flags, precision=precision)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            done = pool.map(_forked_row, order, chunksize=max(1, len(order) // (4 * jobs)))
+    finally:
+        _BATCH_JOB.clear()
+    result: list = [None] * len(parsed)
+    for i, outcome in zip(order, done, strict=True):
+        result[i] = outcome
+    return result
 
 
 def _batch_row(row: dict) -> tuple[tuple, dict]:
