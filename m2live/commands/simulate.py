@@ -43,6 +43,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -486,7 +487,8 @@ def _outcomes(parsed: list[tuple[tuple, dict]], flags: dict, precision: str | No
     order = sorted(range(len(parsed)), key=lambda i: tuple(str(v) for v in (*parsed[i][0][:3], parsed[i][0][6])))
     _BATCH_JOB.update(parsed=parsed, flags=flags, precision=precision)
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        # the children leave Ctrl-C to this process, which stops them when it is interrupted (no traceback each)
+        with multiprocessing.get_context("fork").Pool(jobs, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool:
             done = pool.map(_forked_row, order, chunksize=max(1, len(order) // (4 * jobs)))
     finally:
         _BATCH_JOB.clear()
