@@ -475,6 +475,29 @@ def speed(jobs: int | None = None) -> dict:
                     "(ISL, OSL) in {1k/1k, 8k/1k, 1k/8k} x C in {4, 32, 128}; 10 x C requests each"}
 
 
+def speed_only(out_path: Path, repeats: int = 3) -> int:
+    """``speed`` in one process and in the command's default processes, each timing in a fresh Python process (no
+    cache, no memory of the other), the two modes alternated so that a machine's drift falls on both; medians."""
+    runs: dict[str, list[dict]] = {"one_process": [], "default_processes": []}
+    for rep in range(repeats):
+        modes = [("one_process", 1), ("default_processes", 0)]
+        for name, jobs in (modes if rep % 2 == 0 else modes[::-1]):
+            p = subprocess.run([sys.executable, __file__, "--out", "-", "--speed-once", str(jobs)],
+                               capture_output=True, text=True, check=True)
+            runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    out = {"run_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name(), "repeats": repeats}
+    for name, rs in runs.items():
+        walls = sorted(r["wall_s"] for r in rs)
+        out[name] = {**rs[0], "wall_s": walls[len(walls) // 2], "wall_s_each": [round(r["wall_s"], 2) for r in rs],
+                     "ms_per_configuration": 1e3 * walls[len(walls) // 2] / rs[0]["configurations"]}
+        print(f"simulate --batch, {name.replace('_', ' ')}: {out[name]['configurations']} configurations, median "
+              f"{out[name]['wall_s']:.1f} s of {out[name]['wall_s_each']} ({out[name]['ms_per_configuration']:.0f} "
+              "ms each)")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -485,21 +508,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", help="keep the raw runs here (default: a temporary directory, removed)")
     ap.add_argument("--rescore", metavar="DIR", help="score a kept run directory again (no engine)")
     ap.add_argument("--speed-only", action="store_true",
-                    help="only the simulator's speed over the grid, in one process and in the default processes")
+                    help="only the simulator's speed over the grid, in one process and in the default processes: "
+                         "each timing in a fresh process, the two alternated, three of each (medians)")
+    ap.add_argument("--speed-once", metavar="JOBS", help=argparse.SUPPRESS)  # one timing, printed as JSON
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.speed_only:
-        out = {"run_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name(),
-               "one_process": speed(1), "default_processes": speed()}
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-        for k in ("one_process", "default_processes"):
-            print(f"simulate --batch, {k.replace('_', ' ')}: {out[k]['configurations']} configurations in "
-                  f"{out[k]['wall_s']:.1f} s ({out[k]['ms_per_configuration']:.0f} ms each)")
+    if a.speed_once is not None:
+        print(json.dumps(speed(int(a.speed_once) or None)))
         return 0
+    if a.speed_only:
+        return speed_only(Path(a.out))
     if a.rescore:
         workdir = Path(a.rescore)
         cleanup = False

@@ -45,8 +45,11 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -438,13 +441,16 @@ MAX_JOBS = 256  # --jobs: processes, not a thread count a typo can turn into mil
 def _batch_jobs(text: str | None, parsed: list[tuple[tuple, dict]]) -> int:
     """How many processes simulate a batch's rows: ``--jobs``, else one per CPU core this process may use (at most 8)
     and one per 4 rows; 1 where a row is on the CPU device (measured in this process, with torch's threads, which a
-    forked child must not inherit)."""
-    if any(_is_cpu(fields_[1]) for fields_, _ in parsed):
-        return 1
-    if text is not None:
+    forked child must not inherit) or where this process runs other threads (a lock one of them holds at the fork
+    would stay held in the child)."""
+    jobs = None
+    if text is not None:  # a bad value is an error whatever the rows
         jobs = _pos_int(text, "--jobs")
         if jobs > MAX_JOBS:
             raise SimulationError(f"--jobs must be at most {MAX_JOBS}, got {text!r}")
+    if any(_is_cpu(fields_[1]) for fields_, _ in parsed) or threading.active_count() > 1:
+        return 1
+    if jobs is not None:
         return min(jobs, len(parsed))
     try:
         cores = len(os.sched_getaffinity(0))
@@ -471,25 +477,43 @@ def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None
     return True, out
 
 
-def _forked_row(i: int) -> tuple[bool, dict | str]:
+def _forked_rows(rows: list[int]) -> list[tuple[bool, dict | str]]:
     job = _BATCH_JOB
-    fields_, cells = job["parsed"][i]
-    return _row_outcome(fields_, cells, job["flags"], job["precision"])
+    return [_row_outcome(*job["parsed"][i], job["flags"], job["precision"]) for i in rows]
 
 
 def _outcomes(parsed: list[tuple[tuple, dict]], flags: dict, precision: str | None,
               jobs: int) -> list[tuple[bool, dict | str]]:
-    """Every row's ``_row_outcome``, in the rows' order: here, or in ``jobs`` forked processes, rows of one model,
-    GPU, TP and precision handed out together so that a process builds their predictor once. The simulation is
-    deterministic: the same cells either way."""
+    """Every row's ``_row_outcome``, in the rows' order: here, or in ``jobs`` forked processes, in chunks of rows
+    sorted by model, GPU, TP and precision (so that a process mostly builds a predictor once for many rows). The
+    simulation is deterministic: the same cells either way. A child that dies (killed, out of memory) is one line,
+    never a wait without end; Ctrl-C stops the children and is this process's alone."""
     if jobs <= 1 or len(parsed) < 2:
         return [_row_outcome(fields_, cells, flags, precision) for fields_, cells in parsed]
     order = sorted(range(len(parsed)), key=lambda i: tuple(str(v) for v in (*parsed[i][0][:3], parsed[i][0][6])))
+    size = max(1, len(order) // (4 * jobs))
+    chunks = [order[k:k + size] for k in range(0, len(order), size)]
     _BATCH_JOB.update(parsed=parsed, flags=flags, precision=precision)
+    sys.stdout.flush(), sys.stderr.flush()  # nothing buffered here is written again by a child
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+    # the children are forked at the first submit, with Ctrl-C ignored from their first instruction
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        # the children leave Ctrl-C to this process, which stops them when it is interrupted (no traceback each)
-        with multiprocessing.get_context("fork").Pool(jobs, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool:
-            done = pool.map(_forked_row, order, chunksize=max(1, len(order) // (4 * jobs)))
+        futures = [pool.submit(_forked_rows, chunk) for chunk in chunks]
+    finally:
+        signal.signal(signal.SIGINT, old)
+    try:
+        done = [outcome for f in futures for outcome in f.result()]
+    except BaseException as e:  # a child died, Ctrl-C: the others are stopped, not left to finish their rows
+        for child in multiprocessing.active_children():
+            child.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(e, BrokenProcessPool):
+            raise SimulationError("a batch process died before its rows were simulated (killed, or out of "
+                                  "memory?): run again with --jobs 1 to simulate them in this process") from None
+        raise
+    else:
+        pool.shutdown(wait=True)  # every child reaped before the file is written
     finally:
         _BATCH_JOB.clear()
     result: list = [None] * len(parsed)
