@@ -475,6 +475,14 @@ def speed(jobs: int | None = None) -> dict:
                     "(ISL, OSL) in {1k/1k, 8k/1k, 1k/8k} x C in {4, 32, 128}; 10 x C requests each"}
 
 
+def speed_in_fresh_process(jobs: int) -> dict:
+    """``speed(jobs or None)`` timed in a Python process of its own: no warm cache, and no torch or threads of this
+    one for the batch's forked processes to inherit."""
+    p = subprocess.run([sys.executable, __file__, "--out", "-", "--speed-once", str(jobs)], capture_output=True,
+                       text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def speed_only(out_path: Path, repeats: int = 3) -> int:
     """``speed`` in one process and in the command's default processes, each timing in a fresh Python process (no
     cache, no memory of the other), the two modes alternated so that a machine's drift falls on both; medians."""
@@ -482,9 +490,7 @@ def speed_only(out_path: Path, repeats: int = 3) -> int:
     for rep in range(repeats):
         modes = [("one_process", 1), ("default_processes", 0)]
         for name, jobs in (modes if rep % 2 == 0 else modes[::-1]):
-            p = subprocess.run([sys.executable, __file__, "--out", "-", "--speed-once", str(jobs)],
-                               capture_output=True, text=True, check=True)
-            runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            runs[name].append(speed_in_fresh_process(jobs))
     out = {"run_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name(), "repeats": repeats}
     for name, rs in runs.items():
         walls = sorted(r["wall_s"] for r in rs)
@@ -534,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_runs(workdir, QUICK if a.quick else CONFIGS)
     result = score(workdir)
     result["run_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    result["simulator_speed"] = speed()
+    result["simulator_speed"] = speed_in_fresh_process(0)  # not forked from this one, which measured the CPU device
     print(f"simulate --batch: {result['simulator_speed']['configurations']} configurations in "
           f"{result['simulator_speed']['wall_s']:.1f} s", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
