@@ -500,3 +500,19 @@ def test_validate_on_vidur_profiles():
     # regret 0.8 % before the A100's cuBLAS tile policy (efficiency.TILE_POLICY_CHIPS), 3.5 % with it: Vidur
     # profiled an older cuBLAS that did not keep the large tile (docs/accuracy.md, Vidur validation)
     assert lay["points"] >= 6 and lay["pairwise_accuracy"] >= 0.9 and lay["regret_mean"] <= 0.04
+
+
+def test_ranking_in_processes_is_the_ranking_of_one_process(tmp_path):
+    """rank evaluates its layouts in forked processes (--jobs; default one per core): the same JSON, byte for
+    byte, as one process writes — run as a user runs it (a process of its own, where forking is allowed)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "m2live", "rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat",
+            "--gpus", "h100-sxm,NVIDIA A100-SXM4-80GB,NVIDIA L40S", "--tp", "1,2", "--json"]
+    one = subprocess.run([*argv, "--jobs", "1"], capture_output=True, text=True, timeout=600)
+    three = subprocess.run([*argv, "--jobs", "3"], capture_output=True, text=True, timeout=600)
+    assert one.returncode == three.returncode == 0, three.stderr
+    assert one.stdout == three.stdout and '"ranking"' in one.stdout
+    bad = subprocess.run([*argv, "--jobs", "x"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and bad.stderr.strip() == "m2live rank: error: --jobs must be a positive integer, got 'x'"

@@ -690,21 +690,17 @@ def test_batch_in_processes_writes_what_one_process_writes(tmp_path, capsys):
 
 def test_batch_jobs_default_and_the_cpu_device_in_this_process():
     """One process per core this process may use, at most 8 and one per 4 rows; a file with a CPU-device row runs
-    here (the device is measured with torch's threads, which a forked child must not inherit)."""
+    here (the device is measured with torch's threads, which a forked child must not inherit). (``fork_map`` itself
+    keeps the items in-process where other threads run: tests/test_forkmap.py.)"""
     import os
 
     from m2live.commands.simulate import _batch_jobs
 
     gpu_row = ((L8, "h100-sxm", 1, 64, 8, 1, "bf16"), {})
-    import threading
-
     cores = len(os.sched_getaffinity(0))
     assert _batch_jobs(None, [gpu_row] * 3) == 1
-    if threading.active_count() == 1:  # with other threads running a batch stays in its process
-        assert _batch_jobs(None, [gpu_row] * 400) == min(cores, 8)
-        assert _batch_jobs("4", [gpu_row] * 400) == 4 and _batch_jobs("4", [gpu_row] * 2) == 2
-    else:
-        assert _batch_jobs("4", [gpu_row] * 400) == 1
+    assert _batch_jobs(None, [gpu_row] * 400) == min(cores, 8)
+    assert _batch_jobs("4", [gpu_row] * 400) == 4 and _batch_jobs("4", [gpu_row] * 2) == 2
     assert _batch_jobs("4", [gpu_row] * 40 + [((L8, "cpu", 1, 64, 8, 1, "bf16"), {})]) == 1
     with pytest.raises(ValueError, match="--jobs must be a positive integer"):  # checked whatever the rows
         _batch_jobs("0", [((L8, "cpu", 1, 64, 8, 1, "bf16"), {})])

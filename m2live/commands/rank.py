@@ -16,6 +16,7 @@ import json
 
 from rich.console import Console
 
+from ..forkmap import jobs_arg
 from ..planner import PlanError, rank, validate_opbench
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES
 from ..workload import parse_workload
@@ -57,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", metavar="CAL.json", action="append",
                    help="a GPU's own constants (m2live calibrate fit), once per GPU calibrated; each GPU must be "
                         "among --gpus (the others are priced from their datasheets)")
+    p.add_argument("--jobs", metavar="N", help="evaluate the layouts in N processes (default: one per CPU core this "
+                   "process may use, at most 8, and one per 2 layouts; 1: in this process); the same ranking")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(ranking_defaults={d: p.get_default(d) for d in RANKING_ONLY})
 
@@ -64,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # what only a ranking reads: given with --validate (which scores the planner on measured tables), refused
 RANKING_ONLY = ("model", "workload", "gpus", "tp", "slo_ms", "price", "rank_by", "clock", "precision",
                 "kv_cache_dtype", "async_scheduling", "allreduce_fusion", "vllm_version", "max_seqs",
-                "max_batched_tokens", "top", "calibration")
+                "max_batched_tokens", "top", "calibration", "jobs")
 
 
 def _said(value: object) -> object:
@@ -90,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = plan_config(args, gpus)
     top = nonneg_int(args.top, "--top")
     plot = png_path(args.plot)
-    r = rank(args.model, wl, gpus, tps, cfg, curve=bool(plot))
+    layouts = len(gpus) * len(set(tps))
+    jobs = None if args.jobs is None else jobs_arg(args.jobs, layouts, PlanError)
+    r = rank(args.model, wl, gpus, tps, cfg, curve=bool(plot), jobs=jobs)
     if plot:
         plot_ranking(r, plot)
     if args.json:

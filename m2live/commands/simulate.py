@@ -41,15 +41,9 @@ import argparse
 import csv
 import json
 import math
-import multiprocessing
-import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +54,7 @@ from rich.table import Table
 from ..calibration_file import Calibrations, Paths
 from ..cli import one_line
 from ..efficiency import ArchConstants
+from ..forkmap import fork_map, jobs_arg
 from ..hardware import GIB, GpuSpec, get_gpu
 from ..limits import FRONTEND_MS, KV_CACHE_GIB, RATE_RPS, TOKENIZE_US, digits
 from ..predictor import Predictor
@@ -432,31 +427,12 @@ def run_batch(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-# a batch's parsed rows and flag settings while its rows are simulated in processes forked from this one
-# (``_outcomes``): the children read them from here, so nothing of a row is pickled but its index and its result
-_BATCH_JOB: dict = {}
-MAX_JOBS = 256  # --jobs: processes, not a thread count a typo can turn into millions
-
-
 def _batch_jobs(text: str | None, parsed: list[tuple[tuple, dict]]) -> int:
-    """How many processes simulate a batch's rows: ``--jobs``, else one per CPU core this process may use (at most 8)
-    and one per 4 rows; 1 where a row is on the CPU device (measured in this process, with torch's threads, which a
-    forked child must not inherit) or where this process runs other threads (a lock one of them holds at the fork
-    would stay held in the child)."""
-    jobs = None
-    if text is not None:  # a bad value is an error whatever the rows
-        jobs = _pos_int(text, "--jobs")
-        if jobs > MAX_JOBS:
-            raise SimulationError(f"--jobs must be at most {MAX_JOBS}, got {text!r}")
-    if any(_is_cpu(fields_[1]) for fields_, _ in parsed) or threading.active_count() > 1:
-        return 1
-    if jobs is not None:
-        return min(jobs, len(parsed))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 8, len(parsed) // 4))
+    """How many processes simulate a batch's rows (``forkmap``): ``--jobs``, else one per core (at most 8, one per
+    4 rows); 1 where a row is on the CPU device, measured in this process with torch's threads, which a forked
+    child must not inherit."""
+    jobs = jobs_arg(text, len(parsed), SimulationError)  # a bad value is an error whatever the rows
+    return 1 if any(_is_cpu(fields_[1]) for fields_, _ in parsed) else jobs
 
 
 def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None) -> tuple[bool, dict | str]:
@@ -477,49 +453,13 @@ def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None
     return True, out
 
 
-def _forked_rows(rows: list[int]) -> list[tuple[bool, dict | str]]:
-    job = _BATCH_JOB
-    return [_row_outcome(*job["parsed"][i], job["flags"], job["precision"]) for i in rows]
-
-
 def _outcomes(parsed: list[tuple[tuple, dict]], flags: dict, precision: str | None,
               jobs: int) -> list[tuple[bool, dict | str]]:
-    """Every row's ``_row_outcome``, in the rows' order: here, or in ``jobs`` forked processes, in chunks of rows
-    sorted by model, GPU, TP and precision (so that a process mostly builds a predictor once for many rows). The
-    simulation is deterministic: the same cells either way. A child that dies (killed, out of memory) is one line,
-    never a wait without end; Ctrl-C stops the children and is this process's alone."""
-    if jobs <= 1 or len(parsed) < 2:
-        return [_row_outcome(fields_, cells, flags, precision) for fields_, cells in parsed]
-    order = sorted(range(len(parsed)), key=lambda i: tuple(str(v) for v in (*parsed[i][0][:3], parsed[i][0][6])))
-    size = max(1, len(order) // (4 * jobs))
-    chunks = [order[k:k + size] for k in range(0, len(order), size)]
-    _BATCH_JOB.update(parsed=parsed, flags=flags, precision=precision)
-    sys.stdout.flush(), sys.stderr.flush()  # nothing buffered here is written again by a child
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
-    # the children are forked at the first submit, with Ctrl-C ignored from their first instruction
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        futures = [pool.submit(_forked_rows, chunk) for chunk in chunks]
-    finally:
-        signal.signal(signal.SIGINT, old)
-    try:
-        done = [outcome for f in futures for outcome in f.result()]
-    except BaseException as e:  # a child died, Ctrl-C: the others are stopped, not left to finish their rows
-        for child in multiprocessing.active_children():
-            child.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        if isinstance(e, BrokenProcessPool):
-            raise SimulationError("a batch process died before its rows were simulated (killed, or out of "
-                                  "memory?): run again with --jobs 1 to simulate them in this process") from None
-        raise
-    else:
-        pool.shutdown(wait=True)  # every child reaped before the file is written
-    finally:
-        _BATCH_JOB.clear()
-    result: list = [None] * len(parsed)
-    for i, outcome in zip(order, done, strict=True):
-        result[i] = outcome
-    return result
+    """Every row's ``_row_outcome``, in the rows' order, in ``jobs`` processes (``forkmap.fork_map``: the same cells
+    as one process writes), rows sorted by model, GPU, TP and precision so that a process mostly builds a predictor
+    once for many rows."""
+    return fork_map(lambda fc: _row_outcome(*fc, flags, precision), parsed, jobs,
+                    key=lambda fc: tuple(str(v) for v in (*fc[0][:3], fc[0][6])))
 
 
 def _batch_row(row: dict) -> tuple[tuple, dict]:

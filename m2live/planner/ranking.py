@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..forkmap import default_jobs, fork_map
 from ..hardware import GpuSpec, get_gpu, tp_beyond_node
 from ..predictor import Prediction
 from ..shapes import ModelShape, ModelShapeError, get_model
@@ -366,7 +367,10 @@ def _rank_by(cfg: PlanConfig, fitting: list[LayoutResult]) -> str:
 
 
 def rank(model: ModelShape | str, workload: Workload, gpus: Sequence[GpuSpec | str],
-         tps: Sequence[int] = (1, 2, 4, 8), cfg: PlanConfig | None = None, curve: bool = False) -> Ranking:
+         tps: Sequence[int] = (1, 2, 4, 8), cfg: PlanConfig | None = None, curve: bool = False,
+         jobs: int | None = None) -> Ranking:
+    """Every layout of ``gpus`` x ``tps`` evaluated (in ``jobs`` processes, ``forkmap``: None, one per core and per
+    two layouts, at most 8 — the same results as one process), the fitting ones ranked."""
     cfg = cfg or PlanConfig()
     shape = get_model(model)
     specs = [get_gpu(g) for g in gpus]
@@ -375,7 +379,9 @@ def rank(model: ModelShape | str, workload: Workload, gpus: Sequence[GpuSpec | s
     for t in tps:
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise PlanError(f"TP sizes must be positive integers, got {t!r}")
-    results = [evaluate_layout(g, shape, t, workload, cfg, curve=curve) for g in specs for t in sorted(set(tps))]
+    layouts = [(g, t) for g in specs for t in sorted(set(tps))]
+    results = fork_map(lambda gt: evaluate_layout(gt[0], shape, gt[1], workload, cfg, curve=curve), layouts,
+                       default_jobs(len(layouts), per=2) if jobs is None else jobs)
     fitting = [r for r in results if r.fits]
     excluded = [r for r in results if not r.fits]
     by = _rank_by(cfg, fitting)

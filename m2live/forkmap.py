@@ -1,0 +1,108 @@
+"""``fork_map``: a list of independent, deterministic computations (a batch's configurations, a ranking's layouts)
+spread over forked processes, the results back in the list's order — the same results as one process computes.
+
+Forked, not spawned: a child starts with this process's state (the items, the function, whatever caches are
+warm), so nothing goes to a child but a chunk of indices, and only the results come back (pickled). Where forking is
+not safe — other threads in this process (a lock one of them holds would stay held in the child), or a caller that
+says so (a CPU device measured with torch's threads) — the items are computed here. A child that dies (killed, out
+of memory) is one ``ForkMapError`` line, never a wait without end; Ctrl-C is this process's alone: the children
+ignore it from their first instruction and are stopped with the command.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_JOBS = 256  # processes, not a thread count a typo can turn into millions
+DEFAULT_MAX_JOBS = 8  # the default's ceiling, whatever the cores
+
+# the running map's function and items, read by the children forked from this process (``_run_chunk``)
+_JOB: dict[str, Any] = {}
+
+
+class ForkMapError(OSError):
+    """A child process died before its items were computed (the environment's: an OS error, one line)."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS says, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_jobs(items: int, per: int = 4) -> int:
+    """One process per usable core, at most DEFAULT_MAX_JOBS, and at most one per ``per`` items."""
+    return max(1, min(usable_cores(), DEFAULT_MAX_JOBS, items // per))
+
+
+def _run_chunk(indices: list[int]) -> list:
+    fn, items = _JOB["fn"], _JOB["items"]
+    return [fn(items[i]) for i in indices]
+
+
+def fork_map(fn: Callable[[T], R], items: Sequence[T], jobs: int,
+             key: Callable[[T], Hashable] | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, in ``jobs`` forked processes where that is safe (else here). ``key`` sorts the
+    items into the chunks handed out (items of one key together: a process then reuses what it built for the
+    first of them). An exception ``fn`` raises in a child is raised here, as here."""
+    if jobs <= 1 or len(items) < 2 or threading.active_count() > 1:
+        return [fn(x) for x in items]
+    order = sorted(range(len(items)), key=(lambda i: key(items[i])) if key is not None else None)
+    size = max(1, len(order) // (4 * jobs))
+    chunks = [order[k:k + size] for k in range(0, len(order), size)]
+    _JOB.update(fn=fn, items=items)
+    sys.stdout.flush(), sys.stderr.flush()  # nothing buffered here is written again by a child
+    pool = ProcessPoolExecutor(min(jobs, len(chunks)), mp_context=multiprocessing.get_context("fork"))
+    # the children are forked at the first submit, with Ctrl-C ignored from their first instruction
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        futures = [pool.submit(_run_chunk, chunk) for chunk in chunks]
+    finally:
+        signal.signal(signal.SIGINT, old)
+    try:
+        done = [result for f in futures for result in f.result()]
+    except BaseException as e:  # a child died, Ctrl-C, fn raised: the others are stopped, not left to finish
+        for child in multiprocessing.active_children():
+            child.kill()
+        pool.shutdown(wait=True, cancel_futures=True)  # its manager thread ends with the killed children
+        if isinstance(e, BrokenProcessPool):
+            raise ForkMapError("a worker process died before its items were computed (killed, or out of "
+                               "memory?): --jobs 1 computes them in this process") from None
+        raise
+    else:
+        pool.shutdown(wait=True)  # every child reaped before the results are used
+    finally:
+        _JOB.clear()
+    out: list = [None] * len(items)
+    for i, result in zip(order, done, strict=True):
+        out[i] = result
+    return out
+
+
+def jobs_arg(text: str | None, items: int, error: type[Exception], per: int = 4, flag: str = "--jobs") -> int:
+    """A ``--jobs`` flag's process count: a positive integer up to MAX_JOBS (else one ``error`` line), at most one
+    per item; unset, ``default_jobs``."""
+    if text is None:
+        return default_jobs(items, per)
+    try:
+        jobs = int(str(text).strip())
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise error(f"{flag} must be a positive integer, got {text!r}")
+    if jobs > MAX_JOBS:
+        raise error(f"{flag} must be at most {MAX_JOBS}, got {text!r}")
+    return max(1, min(jobs, items))

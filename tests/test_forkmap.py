@@ -1,0 +1,77 @@
+"""fork_map: independent computations over forked processes, the results in the items' order and the same as one
+process computes; an exception raised in a child is raised here; a child that dies is one line, not a hang; a
+process with other threads computes here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from m2live.forkmap import ForkMapError, default_jobs, fork_map, jobs_arg
+
+
+def _square_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+def test_results_in_order_and_the_same_as_here():
+    items = list(range(37))
+    here = [_square_pid(x)[0] for x in items]
+    out = fork_map(_square_pid, items, jobs=3, key=lambda x: -x)  # a key that reverses the hand-out order
+    assert [v for v, _ in out] == here
+    pids = {p for _, p in out}
+    if threading.active_count() == 1:
+        assert os.getpid() not in pids and len(pids) >= 2  # computed in children
+    else:
+        assert pids == {os.getpid()}  # another thread here: computed here, never forked
+
+
+def test_a_child_exception_is_raised_here():
+    def boom(x: int) -> int:
+        if x == 5:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="bad item 5"):
+        fork_map(boom, list(range(12)), jobs=2)
+
+
+def test_a_child_that_dies_is_an_error_not_a_wait():
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this process: fork_map computes here")
+
+    def die(x: int) -> int:
+        if x == 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+    t0 = time.monotonic()
+    with pytest.raises(ForkMapError, match="--jobs 1"):
+        fork_map(die, list(range(16)), jobs=2)
+    assert time.monotonic() - t0 < 60
+
+
+def test_other_threads_keep_the_work_here():
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        out = fork_map(_square_pid, list(range(8)), jobs=4)
+    finally:
+        stop.set()
+        t.join()
+    assert {p for _, p in out} == {os.getpid()}
+
+
+def test_jobs_flag_and_default():
+    assert jobs_arg(None, 3, ValueError) == 1 == default_jobs(3)
+    assert jobs_arg("4", 400, ValueError) == 4 and jobs_arg("4", 2, ValueError) == 2
+    for bad in ("0", "-1", "1.5", "", "x"):
+        with pytest.raises(ValueError, match="--jobs must be a positive integer"):
+            jobs_arg(bad, 10, ValueError)
+    with pytest.raises(ValueError, match="at most"):
+        jobs_arg("9" * 12, 10, ValueError)
