@@ -185,3 +185,11 @@ def test_readme_sibling_calibration_row_is_its_json():
     assert (f"B300 rows as B200: GEMM {b['core_mape_calibrated']['gemm']:.2f} %") in row
     assert (f"prefill {b['core_mape_calibrated']['prefill_attention']:.2f} %, "
             f"decode {b['core_mape_calibrated']['decode_attention']:.2f} %") in row
+
+
+def test_batch_speed_row_is_its_json():
+    d = _json("simulate_speed.json")
+    one, par = d["one_process"], d["default_processes"]
+    row = _status_row("`simulate --batch`")
+    assert f"{par['configurations']} outside-check-like configurations in {par['wall_s']:.1f} s" in row
+    assert f"{one['wall_s']:.1f} s in one" in row and d["run_at"][:10] in row
