@@ -82,3 +82,36 @@ def test_jobs_flag_and_default():
             jobs_arg(bad, 10, ValueError)
     with pytest.raises(ValueError, match="at most"):
         jobs_arg("9" * 12, 10, ValueError)
+
+
+def test_an_error_stops_only_this_maps_children_and_maps_nest():
+    """In a process of its own: an exception in one item kills this map's children and leaves a process the caller
+    started alive; a map inside a child's item (nested) works and leaves the outer map's items intact."""
+    import subprocess
+    import sys
+
+    code = (
+        "import multiprocessing as mp, os, time\n"
+        "from m2live.forkmap import fork_map\n"
+        "def inner(x):\n"
+        "    return x + 1\n"
+        "def outer(x):\n"
+        "    return sum(fork_map(inner, list(range(x % 5 + 2)), jobs=2))\n"
+        "def bad(x):\n"
+        "    if x == 3:\n"
+        "        raise ValueError('bad 3')\n"
+        "    return x\n"
+        "if __name__ == '__main__':\n"
+        "    mine = mp.get_context('fork').Process(target=time.sleep, args=(30,))\n"
+        "    mine.start()\n"
+        "    try:\n"
+        "        fork_map(bad, list(range(12)), jobs=2)\n"
+        "    except ValueError as e:\n"
+        "        print('raised', e)\n"
+        "    print('caller child alive', mine.is_alive())\n"
+        "    mine.kill()\n"
+        "    print('nested', fork_map(outer, list(range(10)), jobs=2) == [outer(x) for x in range(10)])\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["raised bad 3", "caller child alive True", "nested True"], p.stdout

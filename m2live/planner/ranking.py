@@ -369,8 +369,9 @@ def _rank_by(cfg: PlanConfig, fitting: list[LayoutResult]) -> str:
 def rank(model: ModelShape | str, workload: Workload, gpus: Sequence[GpuSpec | str],
          tps: Sequence[int] = (1, 2, 4, 8), cfg: PlanConfig | None = None, curve: bool = False,
          jobs: int | None = None) -> Ranking:
-    """Every layout of ``gpus`` x ``tps`` evaluated (in ``jobs`` processes, ``forkmap``: None, one per core and per
-    two layouts, at most 8 — the same results as one process), the fitting ones ranked."""
+    """Every layout of ``gpus`` x ``tps`` evaluated, the fitting ones ranked. The layouts are evaluated in ``jobs``
+    forked processes (``forkmap.fork_map``; None: one per core and per two layouts, at most 8; 1: here) — the same
+    results as one process — so a library caller that runs torch or other native threads passes ``jobs=1``."""
     cfg = cfg or PlanConfig()
     shape = get_model(model)
     specs = [get_gpu(g) for g in gpus]
