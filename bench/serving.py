@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -61,6 +60,7 @@ from admission import (  # noqa: E402
 from admission import run_client as run_poisson_client  # noqa: E402
 from tokenize_cost import cpu_name  # noqa: E402
 
+from m2live.cpu_device import allowed_cpus  # noqa: E402
 from m2live.enginelock import engine_lock  # noqa: E402
 
 KV_GIB = 2  # VLLM_CPU_KVCACHE_SPACE
@@ -470,7 +470,7 @@ def speed(jobs: int | None = None) -> dict:
         rc = cli_main(["simulate", "--batch", str(src), "-o", str(dst), *(["--jobs", str(jobs)] if jobs else [])])
         dt = time.perf_counter() - t0
     return {"configurations": rows, "wall_s": dt, "ms_per_configuration": 1e3 * dt / rows, "rc": rc,
-            "jobs": jobs or "default (one per core, at most 8)", "cores": len(os.sched_getaffinity(0)),
+            "jobs": jobs or "default (one per core, at most 8)", "cores": len(allowed_cpus()),
             "grid": "Llama-3.1-8B fp8, Llama-3.1-70B fp8, Qwen3-32B bf16 x H100/H200/B200 x TP 1/2/4/8 x "
                     "(ISL, OSL) in {1k/1k, 8k/1k, 1k/8k} x C in {4, 32, 128}; 10 x C requests each"}
 

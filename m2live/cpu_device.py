@@ -110,10 +110,10 @@ def engine_threads() -> int:
 
         return int(torch.get_num_threads())
     except Exception:  # noqa: BLE001 - torch is optional
-        return len(_allowed_cpus())
+        return len(allowed_cpus())
 
 
-def _allowed_cpus() -> list[int]:
+def allowed_cpus() -> list[int]:
     """The CPUs this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
@@ -157,7 +157,7 @@ def vllm_cpu_threads(tp: int = 1) -> int | None:
             return max(1, len(_id_list(bind.split("|")[0])))
         except ValueError:
             return None  # vLLM refuses such a list itself
-    allowed = _allowed_cpus()
+    allowed = allowed_cpus()
     topo = {cpu: _cpu_topology(cpu) for cpu in allowed}
     node = min(n for n, _ in topo.values())
     on_node = [cpu for cpu in allowed if topo[cpu][0] == node]
@@ -301,7 +301,7 @@ def _valid(m: object) -> bool:
 def _busy() -> bool:
     """Other work is running: the 1-minute load average exceeds 1.5x the CPUs this process may use."""
     try:
-        return os.getloadavg()[0] > 1.5 * len(_allowed_cpus())
+        return os.getloadavg()[0] > 1.5 * len(allowed_cpus())
     except OSError:
         return False
 

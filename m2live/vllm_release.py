@@ -87,16 +87,17 @@ SAMPLER_TRITON_TOPK_FROM = VllmRelease(0, 32)
 
 
 # The newest release whose defaults were read for the rules above (0.32's installed source; the scheduler of 0.33,
-# serving_engine): a later one is simulated with them, and the simulation says so (``release_note``).
+# serving_engine): a later one is simulated with them, and the simulation says so (``given_release_from``).
 NEWEST_READ = VllmRelease(0, 33)
 
 
-def release_note(release: VllmRelease) -> str:
-    """'' for a release the rules above were read up to; for a later one, that its defaults are NEWEST_READ's."""
+def given_release_from(release: VllmRelease) -> str:
+    """``vllm_version_from`` of a release the user gave: "given", and past NEWEST_READ, that its defaults are
+    NEWEST_READ's."""
     if (release.major, release.minor) <= (NEWEST_READ.major, NEWEST_READ.minor):
-        return ""
-    return (f"newer than {NEWEST_READ.major}.{NEWEST_READ.minor}, the newest release whose defaults m2live read: "
-            "simulated with those")
+        return "given"
+    return (f"given; newer than {NEWEST_READ.major}.{NEWEST_READ.minor}, the newest release whose defaults m2live "
+            "read: simulated with those")
 
 
 def default_release(gpu: GpuSpec) -> VllmRelease:
