@@ -139,7 +139,11 @@ class ServingConfig:
     # is free (the closed loop); a rate sends them on its Poisson schedule (exponential gaps, seeded, scaled so
     # the last is sent at num_prompts / rate, as the benchmark does), ``concurrency`` still capping those in flight
     request_rate: float | None = None
-    seed: int = 0  # of that schedule
+    seed: int = 0  # of that schedule and of the sampled lengths (the benchmark's --seed: both)
+    # vllm bench serve --random-range-ratio: each request's prompt and output lengths drawn uniformly from
+    # [L(1 - r), L(1 + r)] around --isl / --osl (``sampled_lengths``), r for both or (r_input, r_output); 0 (the
+    # benchmark's default): every request exactly --isl in and --osl out
+    random_range_ratio: float | tuple[float, float] = 0.0
     # vLLM's --max-model-len: its cache must hold one request this long to start, and it refuses longer requests;
     # None: the longest request's length (what a server started for the benchmark is given)
     max_model_len: int | None = None
@@ -171,6 +175,16 @@ class ServingConfig:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         return utilization_default(self.vllm_version or DEFAULT_GPU_RELEASE)
+
+    @property
+    def range_ratios(self) -> tuple[float, float]:
+        """(input, output) range ratios of the sampled lengths."""
+        r = self.random_range_ratio
+        if isinstance(r, tuple):
+            if len(r) != 2:
+                raise SimulationError(f"random_range_ratio: one ratio or (input, output), got {r!r}")
+            return r
+        return (r, r)
 
     @property
     def open_loop(self) -> bool:
@@ -209,6 +223,10 @@ class ServingConfig:
             raise SimulationError(f"request_rate must be a positive number of requests/s, got {self.request_rate!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for r in self.range_ratios:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
+                raise SimulationError(f"random_range_ratio must be in [0, 1) (as vLLM's benchmark requires), got "
+                                      f"{self.random_range_ratio!r}")
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
         if not 0 < self.utilization <= 1:

@@ -35,6 +35,7 @@ DENSE_MODEL_TYPES = {
     "olmo2", "stablelm", "starcoder2",
 }
 QK_NORM_MODEL_TYPES = {"qwen3"}
+NO_BOS_MODEL_TYPES = {"qwen2", "qwen3"}  # their tokenizers add no BOS (tokenizer_config.json: bos_token null)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class ModelShape:
     # the longest request (prompt + output) vLLM serves it with: the config's context length as vLLM derives it
     # (``context_length``); a --max-model-len past it is refused at start-up. None: not stated
     max_context: int | None = None
+    # tokens the model's tokenizer adds to every prompt (its BOS; ``num_special_tokens_to_add()``): vLLM's random
+    # benchmark dataset samples a prompt's length less these and the server adds them back. 1 for Llama, Mistral
+    # and Gemma tokenizers; Qwen2 and Qwen3 tokenizers add none
+    prompt_special_tokens: int = 1
 
     # --- per-GPU (sharded) dimensions --------------------------------------------------------------
     @property
@@ -174,6 +179,8 @@ class ModelShape:
             qkv_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
             qk_norm=model_type in QK_NORM_MODEL_TYPES or "Qwen3ForCausalLM" in archs,
             max_context=context_length(cfg),
+            prompt_special_tokens=0 if model_type in NO_BOS_MODEL_TYPES or any(
+                a in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") for a in archs) else 1,
         )
 
     @classmethod
@@ -230,11 +237,14 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("meta-llama/Llama-2-7b-hf", 4096, 11008, 32, 32, 32, 128, 32000, max_context=4096),
         ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256, max_context=8192),
         # the base model's 131072 (Qwen2.5-7B-Instruct's config.json states 32768)
-        ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True, max_context=131072),
+        ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True, max_context=131072,
+                   prompt_special_tokens=0),
         ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768, max_context=32768),
         # Qwen3 (config.json of Qwen/Qwen3-8B and Qwen/Qwen3-32B: head_dim 128 given explicitly, untied LM head)
-        ModelShape("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True, max_context=40960),
-        ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True, max_context=40960),
+        ModelShape("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True, max_context=40960,
+                   prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True, max_context=40960,
+                   prompt_special_tokens=0),
     )
 }
 

@@ -35,6 +35,7 @@ Modules: ``serving_config`` (the benchmark's configuration, vLLM's defaults, the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -95,8 +96,18 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     pred = predictor or make_predictor(spec, shape, tp, precision, graph_max_tokens=graphs,
                                        allreduce_fusion=server.allreduce_fusion)
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
-    prompts = request_lengths(isl, n, "isl")
-    outputs = request_lengths(osl, n, "osl")
+    ratios = cfg.range_ratios
+    if any(ratios):
+        if not (isinstance(isl, (int, np.integer)) and isinstance(osl, (int, np.integer))):
+            raise SimulationError("random_range_ratio samples lengths around one --isl and one --osl, not a list")
+        request_lengths(isl, 1, "isl")  # the same range checks as exact lengths
+        request_lengths(osl, 1, "osl")
+        prompts, outputs, drawn = sampled_lengths(int(isl), int(osl), n, ratios, cfg.seed,
+                                                  shape.prompt_special_tokens)
+    else:
+        prompts = request_lengths(isl, n, "isl")
+        outputs = request_lengths(osl, n, "osl")
+        drawn = None
     longest = int((prompts + outputs).max())
     # the server's --max-model-len: given, or the longest request (what a server started for this run is given)
     model_len = cfg.max_model_len or longest
@@ -153,8 +164,39 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                  send_at=send_schedule(n, cfg.request_rate, cfg.seed) if cfg.open_loop else None,
                  prefix_caching=cfg.prefix_caching)
     eng.run()
-    return summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
-                     kv_tokens, bs, keep_requests, model_len)
+    res = summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
+                    kv_tokens, bs, keep_requests, model_len)
+    if drawn is not None:
+        res.assumptions["lengths"] = drawn
+    return res
+
+
+def sampled_lengths(isl: int, osl: int, n: int, ratios: tuple[float, float], seed: int,
+                    special: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The ``n`` prompt and output lengths of ``vllm bench serve --dataset-name random --random-range-ratio
+    r --seed S`` (vLLM 0.32, benchmarks/datasets/utils.py ``get_sampling_params``): one generator,
+    ``numpy.random.default_rng(S)``, draws every prompt's length uniformly from the integers of [floor(P (1 - r_in)),
+    ceil(P (1 + r_in))] with P = isl less the ``special`` tokens the tokenizer adds (the server adds them back),
+    then every output's from [floor(osl (1 - r_out)), ceil(osl (1 + r_out))] (at least 1; exactly that many with
+    --ignore-eos). Also returns what was drawn, for the report."""
+    r_in, r_out = ratios
+    real = max(0, isl - special)
+    in_lo, in_hi = math.floor(real * (1.0 - r_in)), math.ceil(real * (1.0 + r_in))
+    out_lo, out_hi = max(math.floor(osl * (1 - r_out)), 1), max(math.ceil(osl * (1 + r_out)), 1)
+    if in_lo < 1:
+        raise SimulationError(f"--isl {isl} is too short for a range ratio of {r_in:g}: the shortest prompt vLLM's "
+                              f"benchmark could draw has no token besides the tokenizer's {special} (it refuses this)")
+    if in_hi + special > MAX_LENGTH or out_hi > MAX_LENGTH:
+        raise SimulationError(f"lengths drawn up to {max(in_hi + special, out_hi)} tokens: beyond any model's context "
+                              f"(at most {MAX_LENGTH})")
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(in_lo, in_hi + 1, size=n).astype(np.int64) + special
+    outputs = rng.integers(out_lo, out_hi + 1, size=n).astype(np.int64)
+    drawn = {"random_range_ratio": {"input": r_in, "output": r_out}, "seed": seed,
+             "isl_range": [in_lo + special, in_hi + special], "osl_range": [out_lo, out_hi],
+             "mean_isl": float(prompts.mean()), "mean_osl": float(outputs.mean()),
+             "prompt_special_tokens": special}
+    return prompts, outputs, drawn
 
 
 MAX_LENGTH = 1 << 30  # tokens: far beyond any model's context, well inside int64 sums
@@ -178,6 +220,6 @@ __all__ = [  # every name m2live.simulate offered before the split
     "SEGMENT_SAMPLES", "BatchStep", "Engine", "EngineStats", "GpuSpec", "HostConstants", "ModelShape",
     "Prediction", "Predictor", "ServingConfig", "ServingResult", "SimulationError", "Step", "StepTimer", "bounds",
     "cached_prefix", "cuda_graph_capture_max", "get_gpu", "get_model", "kv_capacity", "make_predictor",
-    "request_lengths", "simulate",
+    "request_lengths", "sampled_lengths", "simulate",
     "summarize", "vllm_batch_defaults",
 ]

@@ -1058,3 +1058,91 @@ def test_batch_blocks_cell_wins_over_the_kv_cache_flag(tmp_path, capsys):
     assert main(["simulate", "--batch", str(src), "--kv-cache-gib", "2", "--num-gpu-blocks-override", "200"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "give one" in err[0], err
+
+
+# ---- --random-range-ratio: the benchmark's sampled lengths --------------------------------------------------------
+class _Tokenizer:
+    """What vLLM's length sampler asks of a tokenizer: the special tokens it adds and its vocabulary size."""
+
+    def __init__(self, special: int) -> None:
+        self.special, self.vocab_size = special, 128256
+
+    def num_special_tokens_to_add(self) -> int:
+        return self.special
+
+
+@pytest.mark.parametrize("isl,osl,ratio,seed,special", [
+    (1024, 1024, 0.8, 0, 1), (8192, 1024, (0.3, 0.3), 7, 0), (100, 10, (0.5, 0.9), 3, 1), (2, 2, 0.0, 0, 1),
+    (5, 3, 0.75, 11, 1),
+])
+def test_sampled_lengths_are_vllms_own_draws(vllm_available, isl, osl, ratio, seed, special):
+    """The same requests vLLM's benchmark draws (its get_sampling_params with the same seed): prompts as the server
+    counts them (the drawn length plus the tokenizer's special tokens), outputs as drawn."""
+    from vllm.benchmarks.datasets.utils import get_sampling_params
+
+    from m2live.simulate import sampled_lengths
+    pair = ratio if isinstance(ratio, tuple) else (ratio, ratio)
+    arg = ratio if not isinstance(ratio, tuple) else {"input": ratio[0], "output": ratio[1]}
+    ins, outs, _ = get_sampling_params(np.random.default_rng(seed), 300, arg, isl, osl, _Tokenizer(special))
+    prompts, outputs, drawn = sampled_lengths(isl, osl, 300, pair, seed, special)
+    assert np.array_equal(prompts, ins + special) and np.array_equal(outputs, outs)
+    assert drawn["isl_range"][0] <= prompts.min() and prompts.max() <= drawn["isl_range"][1]
+    assert drawn["mean_osl"] == pytest.approx(outs.mean())
+
+
+def test_range_ratio_zero_is_the_exact_lengths_and_a_ratio_spreads_them():
+    """Ratio 0 simulates exactly what exact lengths do; a ratio draws around them (the report says what), and the
+    waves of a closed loop of equal requests (all finishing together, all prefilling together) break up: TTFT falls."""
+    exact = simulate(L70, "h200", 4, 1024, 1024, ServingConfig(concurrency=64), precision="fp8")
+    zero = simulate(L70, "h200", 4, 1024, 1024, ServingConfig(concurrency=64, random_range_ratio=0.0),
+                    precision="fp8")
+    assert zero.to_dict() == exact.to_dict()
+    spread = simulate(L70, "h200", 4, 1024, 1024, ServingConfig(concurrency=64, random_range_ratio=0.8),
+                      precision="fp8", keep_requests=True)
+    ln = spread.assumptions["lengths"]
+    assert ln["isl_range"] == [205, 1843] and ln["osl_range"] == [204, 1844] and ln["prompt_special_tokens"] == 1
+    assert 950 < ln["mean_isl"] < 1100 and spread.assumptions["max_model_len"] > 2048
+    assert spread.ttft_ms < 0.5 * exact.ttft_ms
+    other_seed = simulate(L70, "h200", 4, 1024, 1024, ServingConfig(concurrency=64, random_range_ratio=0.8, seed=1),
+                          precision="fp8")
+    assert other_seed.assumptions["lengths"]["mean_isl"] != ln["mean_isl"]
+
+
+def test_qwen_prompts_carry_no_bos():
+    """Qwen tokenizers add no special token, so its drawn prompt is the server's prompt."""
+    r = simulate("Qwen/Qwen3-8B", "h100-sxm", 1, 1000, 100, ServingConfig(concurrency=4, random_range_ratio=0.5),
+                 precision="bf16")
+    assert r.assumptions["lengths"]["isl_range"] == [500, 1500]
+    from m2live.shapes import ModelShape
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    assert ModelShape.from_config(cfg).prompt_special_tokens == 0
+    assert ModelShape.from_config({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+                                  ).prompt_special_tokens == 1
+
+
+def test_range_ratio_flag_json_and_batch_column(tmp_path, capsys):
+    """The flag takes the benchmark's two forms; a batch cell wins over it (0: exact lengths); bad values are one
+    line, exit 2."""
+    base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "1024", "--osl", "128", "--concurrency", "8",
+            "--json"]
+    assert main([*base, "--random-range-ratio", '{"input": 0.5, "output": 0.25}', "--seed", "3"]) == 0
+    ln = json.loads(capsys.readouterr().out)["assumptions"]["lengths"]
+    assert ln["random_range_ratio"] == {"input": 0.5, "output": 0.25} and ln["seed"] == 3
+    assert ln["osl_range"] == [96, 160]
+    assert main(base[:-1] + ["--random-range-ratio", "0.5"]) == 0
+    assert "lengths drawn as the benchmark's --random-range-ratio 0.5 --seed 0" in capsys.readouterr().out
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,8,fp8,0.5\n{L8},h100-sxm,1,1024,128,8,fp8,0\n"
+                                f"{L8},h100-sxm,1,1024,128,8,fp8,\n", header=BATCH_HEADER + ",random_range_ratio")
+    assert rc == 0 and rows[0]["ttft_ms"] != rows[1]["ttft_ms"]
+    exact = simulate(L8, "h100-sxm", 1, 1024, 128, ServingConfig(concurrency=8), precision="fp8")
+    assert float(rows[1]["ttft_ms"]) == pytest.approx(exact.ttft_ms, rel=1e-5)
+    assert all(rows[2][k] == rows[1][k] for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s"))
+    capsys.readouterr()
+    for bad, msg in (("1", "--random-range-ratio must be in [0, 1)"), ("-0.1", "[0, 1)"), ("nan", "[0, 1)"),
+                     ('{"input": 0.5}', "JSON object"), ("x", "JSON object"), ('{"input": "a", "output": 0}', "[0, 1)")):
+        assert main(base + ["--random-range-ratio", bad]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and msg in err, (bad, err)
+    assert main([*base[:5], "--isl", "1", "--osl", "128", "--concurrency", "8", "--random-range-ratio", "0.5"]) == 2
+    assert "too short" in capsys.readouterr().err

