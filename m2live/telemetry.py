@@ -102,6 +102,7 @@ class NvmlClockSource:
             raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
         self._reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._instant: bool | None = None  # NVML's instantaneous power field: None not tried yet
 
     def _opt(self, fn, *args):
         try:
@@ -109,13 +110,35 @@ class NvmlClockSource:
         except Exception:  # noqa: BLE001 - optional fields (not supported on every board)
             return None
 
+    def _power_mw(self) -> float | None:
+        """Board power, mW: NVML's instantaneous field where the driver has it — nvmlDeviceGetPowerUsage is a
+        one-second average on Ampere (but GA100) and newer, which lags a step or a short burst — else that."""
+        nv = self._nv
+        fid = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if fid is not None and self._instant is not False:
+            try:
+                v = nv.nvmlDeviceGetFieldValues(self._h, [fid])[0]
+                if v.nvmlReturn == getattr(nv, "NVML_SUCCESS", 0):
+                    mw = float({getattr(nv, "NVML_VALUE_TYPE_UNSIGNED_LONG", 2): v.value.ulVal,
+                                getattr(nv, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3): v.value.ullVal,
+                                getattr(nv, "NVML_VALUE_TYPE_DOUBLE", 0): v.value.dVal}.get(v.valueType,
+                                                                                          v.value.uiVal))
+                    if 0 < mw < 1e7:  # a board's watts, in mW
+                        self._instant = True
+                        return mw
+            except Exception:  # noqa: BLE001 - an older driver or binding: the averaged reading
+                pass
+            if self._instant is None:
+                self._instant = False  # never had it: stop asking
+        return self._opt(nv.nvmlDeviceGetPowerUsage, self._h)
+
     def read(self) -> ClockReading:
         nv = self._nv
         try:
             sm = float(nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM))
         except Exception as e:  # noqa: BLE001
             raise TelemetryError(f"NVML clock read failed: {e}") from None
-        p = self._opt(nv.nvmlDeviceGetPowerUsage, self._h)
+        p = self._power_mw()
         pl = self._opt(nv.nvmlDeviceGetEnforcedPowerLimit, self._h)
         reasons = self._opt(self._reasons_fn, self._h) if self._reasons_fn else None
         temp = self._opt(nv.nvmlDeviceGetTemperature, self._h, nv.NVML_TEMPERATURE_GPU)

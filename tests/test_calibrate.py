@@ -945,3 +945,86 @@ def test_one_calibration_per_gpu_on_every_command(tmp_path, cal_file, a100_cal_f
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)["assumptions"]["calibrations"]) == {H100, A100}
     assert "a100.json is for NVIDIA A100" in one_line_error(run(*rank, "--gpus", "h100-sxm", *both))
+
+
+def test_probe_calibrate_moves_an_earlier_runs_files_aside(tmp_path):
+    """The fit reads every table in --out: an earlier run's (another GPU's, a dry run's) would be fitted and scored
+    as if measured now. They are moved into earlier-<time>/ (nothing lost), and this run fits its own only."""
+    out = tmp_path / "cal"
+    (out / "holdout").mkdir(parents=True)
+    stale = (OPBENCH / "a100_sxm" / cal.FILES["prefill"]).read_text().splitlines()[:40]
+    (out / cal.FILES["prefill"]).write_text("\n".join(stale) + "\n")
+    (out / "holdout" / cal.FILES["gemm"]).write_text("device\nstale\n")
+    (out / "summary.json").write_text('{"gpu": "an earlier run"}\n')
+    (out / "notes.txt").write_text("mine\n")
+    p = run("probe", "--calibrate", "--dry-run", "--time-limit", "0.05", "--out", str(out))
+    assert "moved to" in p.stdout and "A100" not in p.stdout + p.stderr, p.stdout + p.stderr
+    earlier = [d for d in out.iterdir() if d.name.startswith("earlier-")]
+    assert len(earlier) == 1
+    assert (earlier[0] / cal.FILES["prefill"]).read_text().splitlines() == stale
+    assert (earlier[0] / "holdout" / cal.FILES["gemm"]).exists()
+    assert json.loads((earlier[0] / "summary.json").read_text()) == {"gpu": "an earlier run"}
+    assert (out / "notes.txt").read_text() == "mine\n"  # not the probe's: left alone
+    summary = json.loads((out / "summary.json").read_text())  # this run's, written whatever the fit said
+    assert summary["gpu"] == H100 and (p.returncode == 0 or "error" in summary)
+
+
+def test_probe_calibrate_writes_its_summary_when_interrupted(tmp_path, monkeypatch):
+    """SIGTERM (a `timeout`, a device lease ending) stops the measuring: one line, exit 2, and summary.json is
+    still written, saying so."""
+    from m2live.probe import calibrate as pc
+    from m2live.probe.device import Interrupted, ProbeError
+
+    def stop(*_a, **_k):
+        raise Interrupted()
+
+    monkeypatch.setattr(pc, "_calibrate", stop)
+    with pytest.raises(ProbeError, match="interrupted by SIGTERM"):
+        pc.run_calibrate(tmp_path / "cal", dry_run=True, say=lambda _s: None)
+    assert json.loads((tmp_path / "cal" / "summary.json").read_text())["error"] == "interrupted by SIGTERM"
+
+
+def test_a_kind_whose_shapes_all_fail_says_why_once_and_stops(monkeypatch):
+    """A library that refuses every shape of a kind: its first error in full, then a count, and the kind stops
+    after FAILS_IN_A_ROW failures instead of trying (and logging) every planned shape."""
+    from types import SimpleNamespace
+
+    from m2live.probe import calibrate as pc
+
+    calls = []
+
+    def refuse(*_a, **_k):
+        calls.append(1)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(pc, "_measure_gemm", refuse)
+    said: list[str] = []
+    kind = pc._Kind(None, SimpleNamespace(cuda=False), None, None, True, said.append, "")
+    assert kind.all("gemm", cal.plan(H100, "gemm"), float("inf")) == []
+    assert len(calls) == pc.FAILS_IN_A_ROW
+    assert "illegal memory access" in said[0] and sum("illegal" in s for s in said) == 1
+    assert any("stopped after" in s for s in said) and any(f"{pc.FAILS_IN_A_ROW} shapes not measured" in s
+                                                          for s in said)
+
+
+def test_attention_is_measured_with_the_flash_attention_vllm_picks(monkeypatch):
+    """vLLM's FlashAttention interface runs FA2 unless told otherwise; vLLM's backend passes the version it picks
+    (FA3 on Hopper), so the probe passes it too and names it in kernel_source."""
+    pytest.importorskip("vllm")
+    try:
+        from vllm.v1.attention.backends import fa_utils
+    except Exception:  # noqa: BLE001
+        pytest.skip("this vLLM has no fa_utils")
+    from m2live.probe import calibrate as pc
+
+    def varlen(*_a, **kw):  # the CPU build has no FlashAttention: what the GPU build's call receives
+        return kw
+
+    monkeypatch.setattr(fa_utils, "flash_attn_varlen_func", varlen, raising=False)
+    monkeypatch.setattr(fa_utils, "get_flash_attn_version", lambda **_k: 3)
+    fa, what = pc._attention(None, dry_run=False)
+    assert fa is not None, what
+    assert fa(causal=True) == {"causal": True, "fa_version": 3} and "FA3" in what
+    monkeypatch.setattr(fa_utils, "get_flash_attn_version", lambda **_k: None)  # vLLM cannot say: its default
+    fa, what = pc._attention(None, dry_run=False)
+    assert fa is varlen and "FA" not in what.split()[1]

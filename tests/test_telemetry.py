@@ -240,3 +240,31 @@ def test_record_thread_keeps_the_engine_hooks_short_and_counts_drops(tmp_path):
     finally:
         gate.set()
         mon.close()
+
+
+def test_nvml_power_is_the_instantaneous_field_where_the_driver_has_it():
+    """nvmlDeviceGetPowerUsage is a one-second average on Ampere and newer; the instantaneous field
+    (NVML_FI_DEV_POWER_INSTANT, read into NVML's own field-value struct) is used where it answers, the average
+    where it does not (an older driver: asked once, then no more)."""
+    import types
+
+    import pynvml
+
+    class Driver(types.SimpleNamespace):
+        def nvmlDeviceGetFieldValues(self, handle, ids):
+            self.asked += 1
+            v = pynvml.c_nvmlFieldValue_t()
+            v.fieldId, v.valueType = ids[0], pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            v.nvmlReturn = pynvml.NVML_SUCCESS if self.instant_mw else pynvml.NVML_ERROR_NOT_SUPPORTED
+            v.value.uiVal = self.instant_mw or 0
+            return [v]
+
+        def nvmlDeviceGetPowerUsage(self, handle):
+            return 512_000  # the 1 s average, mW
+
+    consts = {k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith("NVML_")}
+    for instant, want in ((689_500, 689_500.0), (0, 512_000)):
+        src = NvmlClockSource.__new__(NvmlClockSource)
+        src._nv, src._h, src._instant = Driver(**consts, asked=0, instant_mw=instant), 0, None
+        assert src._power_mw() == want and src._power_mw() == want
+        assert src._nv.asked == (2 if instant else 1)

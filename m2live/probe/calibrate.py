@@ -30,10 +30,12 @@ pipeline (plan -> tables -> fit -> calibration file) is what it exercises (a bf1
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from bisect import bisect_left, bisect_right
@@ -48,7 +50,7 @@ from ..calibration_file import read_rows
 from ..hardware import GpuSpec, get_gpu
 from ..operators import OpModel
 from ..telemetry import ClockSampler, NvmlClockSource, ReplayClockSource, TelemetryError
-from .device import ProbeError, _Device, load_torch, one_line
+from .device import Interrupted, ProbeError, _Device, load_torch, one_line, sigterm_interrupts
 from .env import _nvml_info, dry_run_readings
 from .plan import DRY_GPU
 from .score import clock_stats
@@ -61,6 +63,7 @@ WEIGHT_COPIES = OpModel.BENCH_COPIES  # one call per copy in each replay
 BLOCK = 64  # vLLM KV-cache block size of the opbench attention rows
 MEM_SHARE = 0.6  # skip a shape whose buffers need more than this share of free device memory
 DRY_CAP = 32  # dry run: every dimension shrunk to at most this
+FAILS_IN_A_ROW = 5  # a kind whose shapes fail this many times running stops (the library refuses them all)
 
 Say = Callable[[str], None]
 Measured = tuple[dict[str, str], float, float | None]  # (planned row, seconds per call, median SM clock MHz)
@@ -109,7 +112,31 @@ def _attention(torch: Any, dry_run: bool) -> tuple[Callable | None, str]:
             from vllm.vllm_flash_attn import flash_attn_varlen_func
     except Exception as e:  # noqa: BLE001
         return None, f"attention skipped: vLLM's FlashAttention is not importable ({e.__class__.__name__}: {e})"
-    return flash_attn_varlen_func, "vllm flash_attn_varlen_func + reshape_and_cache_flash (paged, block 64)"
+    version = _fa_version()
+    if version is None:
+        return flash_attn_varlen_func, "vllm flash_attn_varlen_func + reshape_and_cache_flash (paged, block 64)"
+    # the FlashAttention generation vLLM's own backend runs on this GPU (FA3 on Hopper): the interface defaults to
+    # FA2 when it is not named, which is not the kernel vLLM serves with
+    return (functools.partial(flash_attn_varlen_func, fa_version=version),
+            f"vllm flash_attn_varlen_func FA{version} + reshape_and_cache_flash (paged, block 64)")
+
+
+def _fa_version() -> int | None:
+    """The FlashAttention version vLLM's FlashAttention backend picks here (``fa_utils.get_flash_attn_version``,
+    whose arguments differ across releases), or None where it cannot say."""
+    try:
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+    except Exception:  # noqa: BLE001 - older layouts: the interface's own default
+        return None
+    for kwargs in ({"head_size": 128}, {}):
+        try:
+            v = get_flash_attn_version(**kwargs)
+        except TypeError:
+            continue
+        except Exception:  # noqa: BLE001
+            return None
+        return int(v) if isinstance(v, int) else None
+    return None
 
 
 def _fp8_linear(torch: Any, spec: GpuSpec, dry_run: bool) -> tuple[Any, str]:
@@ -241,6 +268,8 @@ class _Kind:
         self.torch, self.timer, self.dev, self.fa, self.dry_run, self.say = torch, timer, dev, fa, dry_run, say
         self.attn_what, self.sampler = attn_what, sampler
         self.fp8_ops, self.fp8_what = fp8  # vLLM's fp8 linear ops (None: skipped; the dry run's stand-in)
+        self.failed: dict[str, int] = {}  # kind -> failures so far (the first is said in full, the rest counted)
+        self.in_a_row: dict[str, int] = {}  # kind -> failures since its last measured shape
 
     def can_measure(self, kind: str) -> bool:
         """Whether this run measures ``kind`` (vLLM's attention and fp8 kernels need vLLM; the dry run stands in)."""
@@ -271,6 +300,12 @@ class _Kind:
             return {"samples": 0}
         return {**clock_stats(self.sampler.between(t0, t1)), "row_mhz": [g[2] for g in got]}
 
+    def vllm_part(self, kind: str) -> Any:
+        """The vLLM kernel a kind's rows were measured with (None: torch's own, or vLLM absent)."""
+        if kind == "gemm":
+            return None
+        return self.fp8_ops if kind == "gemm_fp8" else self.fa
+
     def source(self, kind: str) -> str:
         """The kernel_source column of this kind's rows."""
         return {"gemm": "torch.nn.functional.linear", "gemm_fp8": self.fp8_what}.get(kind, self.attn_what)
@@ -284,21 +319,37 @@ class _Kind:
             else:
                 t = _measure_attention(self.torch, self.timer, self.dev, kind, r, self.fa, self.dry_run)
         except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
-            self.say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({e.__class__.__name__})")
+            n = self.failed[kind] = self.failed.get(kind, 0) + 1
+            self.in_a_row[kind] = self.in_a_row.get(kind, 0) + 1
+            if n == 1:
+                self.say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({one_line(e)})")
             return None
+        self.in_a_row[kind] = 0
         return t if t is not None and t > 0 and math.isfinite(t) else None
 
     def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[Measured]:
         """(row, seconds, median SM clock) of every row measured before ``deadline`` (time.monotonic())."""
         got, spans = [], []
+        failed_before = self.failed.get(kind, 0)
+        self.in_a_row[kind] = 0
         for r in rows:
             t0 = time.monotonic()
-            t = self.one(kind, r) if t0 <= deadline else None
+            if t0 > deadline:
+                break
+            if self.in_a_row[kind] >= FAILS_IN_A_ROW:
+                self.say(f"{kind}: stopped after {FAILS_IN_A_ROW} shapes failed in a row")
+                break
+            t = self.one(kind, r)
             if t is not None:
                 got.append((r, t))
                 spans.append((t0, time.monotonic()))
+        if self.failed.get(kind, 0) - failed_before > 1:
+            self.say(f"{kind}: {self.failed[kind] - failed_before} shapes not measured (the first said why)")
         if self.timer.cuda:
-            self.torch.cuda.empty_cache()
+            try:
+                self.torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 - a broken context: keep what was measured
+                self.say(f"{kind}: releasing the cached memory failed ({one_line(e)})")
         return [(r, t, mhz) for (r, t), mhz in zip(got, self.clocks(spans), strict=True)]
 
 
@@ -341,7 +392,7 @@ def _holdout(measure: _Kind, spec: GpuSpec, kinds: list[str], c: cal.Calibration
         if len(got) < cal.MIN_ROWS:
             say(f"holdout {kind}: {len(got)} shapes measured, too few to score")
             continue
-        _write_table(path, kind, spec.name, got, measure.source(kind), _vllm_version(measure.fa or measure.fp8_ops))
+        _write_table(path, kind, spec.name, got, measure.source(kind), _vllm_version(measure.vllm_part(kind)))
     try:
         held = read_rows(hdir, spec)
     except cal.CalibrationError as e:
@@ -367,7 +418,13 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
         raise ProbeError(f"--holdout must be a non-negative number of seconds, got {holdout_s}")
     torch, spec, dev = _open(dry_run, gpu)
     out_dir = Path(out) if out else Path("results") / "calibration" / spec.name.replace(" ", "_")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        moved = _move_earlier_run(out_dir)
+    except OSError as e:
+        raise ProbeError(f"cannot write {out_dir}: {one_line(e)}") from None
+    if moved:  # the fit reads every table in the folder: an earlier run's would be fitted as if measured now
+        say(f"an earlier run's files in {out_dir} moved to {moved}")
     timer = _Timer(torch, not dry_run)
     fa, attn_what = _attention(torch, dry_run)
     fp8 = _fp8_linear(torch, spec, dry_run)
@@ -385,35 +442,67 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     summary["clock"] = {"source": clock_what, "plan": {}, "holdout": {}}
     measure = _Kind(torch, timer, dev, fa, dry_run, say, attn_what, sampler, fp8)
     try:
-        kinds = []
-        for kind in cal.kinds_for(spec.name):  # (no fp8 plan without fp8 tensor cores: summary's fp8_gemm says so)
-            if not measure.can_measure(kind):
-                say(f"{kind}: skipped ({measure.skipped_why(kind)})")
-                continue
-            rows = cal.plan(spec.name, kind)
-            t_kind = time.monotonic()
-            got = measure.all(kind, rows, t0 + time_limit_s)
-            summary["clock"]["plan"][kind] = measure.window(t_kind, time.monotonic(), got)
-            skipped = len(rows) - len(got)
-            summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
-            say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else "")
-                + _clock_note(summary["clock"]["plan"][kind]))
-            if got:
-                kinds.append(kind)
-                _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind),
-                             _vllm_version(fa or measure.fp8_ops))
-        summary["measure_s"] = round(time.monotonic() - t0, 1)
-        c = _fit(out_dir, spec, summary, say)
-        if holdout_s > 0:
-            t1 = time.monotonic()
-            _holdout(measure, spec, kinds, c, out_dir, holdout_s, summary, say)
-            summary["holdout_s"] = round(time.monotonic() - t1, 1)
+        with sigterm_interrupts():
+            _calibrate(measure, spec, out_dir, t0, time_limit_s, holdout_s, summary, say)
+    except Interrupted:
+        summary["error"] = "interrupted by SIGTERM"
+        raise ProbeError(f"interrupted by SIGTERM: what was measured is in {out_dir}") from None
+    except BaseException as e:
+        summary["error"] = one_line(e)
+        raise
     finally:
         if sampler is not None:
             sampler.stop()
             sampler.source.close()
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _calibrate(measure: _Kind, spec: GpuSpec, out_dir: Path, t0: float, time_limit_s: float, holdout_s: float,
+               summary: dict, say: Say) -> None:
+    """The plan measured kind by kind, the tables written, the calibration fitted (and checked on the holdout)."""
+    kinds = []
+    for kind in cal.kinds_for(spec.name):  # (no fp8 plan without fp8 tensor cores: summary's fp8_gemm says so)
+        if not measure.can_measure(kind):
+            say(f"{kind}: skipped ({measure.skipped_why(kind)})")
+            continue
+        rows = cal.plan(spec.name, kind)
+        t_kind = time.monotonic()
+        got = measure.all(kind, rows, t0 + time_limit_s)
+        summary["clock"]["plan"][kind] = measure.window(t_kind, time.monotonic(), got)
+        skipped = len(rows) - len(got)
+        summary["measured"][kind], summary["skipped"][kind] = len(got), skipped
+        say(f"{kind}: {len(got)} of {len(rows)} planned shapes measured" + (f", {skipped} skipped" if skipped else "")
+            + _clock_note(summary["clock"]["plan"][kind]))
+        if got:
+            kinds.append(kind)
+            _write_table(out_dir / cal.FILES[kind], kind, spec.name, got, measure.source(kind),
+                         _vllm_version(measure.vllm_part(kind)))
+    summary["measure_s"] = round(time.monotonic() - t0, 1)
+    c = _fit(out_dir, spec, summary, say)
+    if holdout_s > 0:
+        t1 = time.monotonic()
+        _holdout(measure, spec, kinds, c, out_dir, holdout_s, summary, say)
+        summary["holdout_s"] = round(time.monotonic() - t1, 1)
+
+
+def _move_earlier_run(out_dir: Path) -> Path | None:
+    """Move the files an earlier run left in ``out_dir`` (tables, calibration, summary, holdout tables) into
+    ``out_dir/earlier-<UTC time>/``, so nothing is lost and none of them is fitted or scored as this run's; the
+    folder they went to, or None when there were none."""
+    names = [*cal.FILES.values(), CAL_FILE, SUMMARY_FILE]
+    found = [out_dir / n for n in names if (out_dir / n).exists()]
+    found += [out_dir / HOLDOUT_DIR / n for n in cal.FILES.values() if (out_dir / HOLDOUT_DIR / n).exists()]
+    if not found:
+        return None
+    dest = out_dir / time.strftime("earlier-%Y%m%dT%H%M%SZ", time.gmtime())
+    while dest.exists():
+        dest = dest.with_name(dest.name + "+")
+    for f in found:
+        target = dest / f.relative_to(out_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(f), str(target))
+    return dest
 
 
 def _clock_note(stats: dict) -> str:

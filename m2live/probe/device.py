@@ -3,8 +3,11 @@ torch is never imported here; the caller loads it with ``load_torch`` and passes
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Rep = tuple[float, float, float]  # one timed repetition: (start, end) on time.monotonic(), device seconds
@@ -12,6 +15,26 @@ Rep = tuple[float, float, float]  # one timed repetition: (start, end) on time.m
 
 class ProbeError(ValueError):
     """A probe that cannot run here (no CUDA, no NVML, unknown GPU, bad output path): one line, exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM during a run (``timeout``, a device lease ending): stop measuring, write what we have."""
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside: SIGTERM raises ``Interrupted`` (main thread only; elsewhere signals cannot be handled)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 def load_torch(dry_run: bool) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
 import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -86,12 +87,16 @@ def profile_forward(dev: Any, forward: Callable[[Callable[[str], Any]], Any], re
     acts = [torch.profiler.ProfilerActivity.CPU]
     if dev.cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+        # one profiler session per step, with CUDA graphs captured between them: CUPTI torn down and brought up
+        # again around graph capture has crashed (CUDA 11-12) or recorded nothing; torch's own answer for graph
+        # users (torch/profiler/profiler.py) is to leave CUPTI up between sessions
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(reps):
+        for _ in range(reps + 1):  # the first is dropped: kernel events at a session's start can go missing
             with scope("step"):
                 forward(scope)
             dev.sync()
-    per_rep = per_rep_times(prof.events(), dev.cuda)
+    per_rep = per_rep_times(prof.events(), dev.cuda)[1:]
     ops = sorted({op for r in per_rep for op in r})
     measured = {op: statistics.median(r.get(op, 0.0) for r in per_rep) for op in ops}
     if not per_rep or sum(measured.values()) <= 0:  # e.g. a profiler build that links no kernels to CPU ranges

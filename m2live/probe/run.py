@@ -7,14 +7,12 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .device import ProbeError, one_line
+from .device import Interrupted, ProbeError, one_line, sigterm_interrupts
 from .env import _Env, open_env
 from .gemms import run_gemms
 from .output import _Writer, default_out_dir, git_commit, prepare_out
@@ -23,14 +21,6 @@ from .plot import plot_probe
 from .steps import run_steps
 
 Say = Callable[[str], None]
-
-
-class _Interrupted(BaseException):
-    """SIGTERM during a run: stop measuring, write what we have."""
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise _Interrupted()
 
 
 def _plan_doc(plan: ProbePlan, env: _Env) -> dict:
@@ -66,7 +56,7 @@ def _phase(doc: dict, name: str, fn: Callable[[], None], say: Say) -> None:
     """Run one phase; a failure inside it is recorded (one line) and the next phase still runs."""
     try:
         fn()
-    except (_Interrupted, KeyboardInterrupt):
+    except (Interrupted, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - a GPU-side failure must not lose the other phase's data
         msg = f"{name}: {one_line(e)}"
@@ -128,16 +118,13 @@ def run_probe(out: str | os.PathLike | None = None, *, quick: bool = False, dry_
     deadline = t0 + plan.time_limit_s if plan.time_limit_s else None
     say(f"m2live probe ({plan.mode}): {doc['gpu'].get('name')} → predicting for {env.spec.name}; "
         f"torch {env.torch.__version__}; writing {out_dir}; estimate ~{plan.estimate_s():.0f} s of measuring")
-    in_main = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main else None
     env.sampler.start()
     try:
-        _measure(env, plan, doc, writer, say, deadline, plot)
-    except _Interrupted:
+        with sigterm_interrupts():
+            _measure(env, plan, doc, writer, say, deadline, plot)
+    except Interrupted:
         doc["errors"].append("interrupted by SIGTERM")
         say("interrupted: writing what was measured")
     finally:
-        if in_main and old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
         _finish(env, doc, writer, say, plot)
     return doc
