@@ -1028,3 +1028,5 @@ def test_attention_is_measured_with_the_flash_attention_vllm_picks(monkeypatch):
     monkeypatch.setattr(fa_utils, "get_flash_attn_version", lambda **_k: None)  # vLLM cannot say: its default
     fa, what = pc._attention(None, dry_run=False)
     assert fa is varlen and "FA" not in what.split()[1]
+    fa, what = pc._attention(None, dry_run=False, spec=get_gpu("NVIDIA B200"))  # FlashInfer's there: not timed
+    assert fa is None and "FlashInfer" in what

@@ -100,10 +100,14 @@ class _Timer:
         return float(free)
 
 
-def _attention(torch: Any, dry_run: bool) -> tuple[Callable | None, str]:
+def _attention(torch: Any, dry_run: bool, spec: GpuSpec | None = None) -> tuple[Callable | None, str]:
     """(attention call, what it is) — vLLM's kernel, torch SDPA in a dry run, or None with the reason."""
     if dry_run:
         return None, "torch SDPA stand-in (dry run)"
+    if spec is not None and spec.kernel_family == "blackwell":
+        # rows of another kernel would calibrate the wrong constants: vLLM serves these GPUs with FlashInfer
+        return None, (f"attention skipped: vLLM serves {spec.name}'s attention with FlashInfer's TRT-LLM kernels, "
+                      f"which this probe does not time (its FlashAttention rows would calibrate another kernel)")
     try:
         from vllm import _custom_ops as ops  # noqa: F401 - the KV-cache write
         try:
@@ -426,7 +430,7 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     if moved:  # the fit reads every table in the folder: an earlier run's would be fitted as if measured now
         say(f"an earlier run's files in {out_dir} moved to {moved}")
     timer = _Timer(torch, not dry_run)
-    fa, attn_what = _attention(torch, dry_run)
+    fa, attn_what = _attention(torch, dry_run, spec)
     fp8 = _fp8_linear(torch, spec, dry_run)
     say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
         f"attention: {attn_what}; fp8: {fp8[1]}")
