@@ -35,7 +35,9 @@ DENSE_MODEL_TYPES = {
     "olmo2", "stablelm", "starcoder2",
 }
 QK_NORM_MODEL_TYPES = {"qwen3"}
-NO_BOS_MODEL_TYPES = {"qwen2", "qwen3"}  # their tokenizers add no BOS (tokenizer_config.json: bos_token null)
+# model types whose usual tokenizers add no BOS to a prompt (Qwen's: bos_token null; StarCoder2's, Granite's and
+# StableLM's GPT-2 / NeoX-style ones); a tokenizer_config.json beside the config says for itself (add_bos_token)
+NO_BOS_MODEL_TYPES = {"qwen2", "qwen3", "starcoder2", "granite", "stablelm"}
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,19 @@ class ModelShape:
             cfg = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
             raise ModelShapeError(f"{p}: not readable JSON ({e.__class__.__name__}: {str(e)[:120]})") from None
-        return cls.from_config(cfg, name=str(path))
+        shape = cls.from_config(cfg, name=str(path))
+        bos = _adds_bos(p.parent / "tokenizer_config.json")
+        return shape if bos is None else replace(shape, prompt_special_tokens=int(bos))
+
+
+def _adds_bos(path: Path) -> bool | None:
+    """A tokenizer_config.json's ``add_bos_token`` (whether the tokenizer puts a BOS before every prompt); None
+    where the file is absent, unreadable or does not say."""
+    try:
+        v = json.loads(path.read_text()).get("add_bos_token")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+        return None
+    return v if isinstance(v, bool) else None
 
 
 MAX_CONTEXT = 1 << 40  # tokens: a stated context this long or longer is no limit (m2live's requests are < 2**30)

