@@ -61,6 +61,7 @@ bench-admission: venv servers
 bench-serving: venv
 	$(BIN)/python bench/serving.py --out results/serving.json
 	$(BIN)/python bench/serving.py --kv-bound --out results/serving_kv_bound.json
+	$(BIN)/python bench/serving.py --spread --out results/serving_spread.json
 
 # host costs the simulator prices or reports: tokenisation (~20 s), the API server's CPU per request and per
 # streamed token (~3 min), vLLM's scheduler per sequence (seconds), the engine core's whole step (~1 min)

@@ -23,6 +23,7 @@ Then the errors of mean TTFT, mean TPOT and output tokens/s. Targets (issue 17):
     python bench/serving.py --out results/serving.json            # ~8 min of engine time on 2 cores
     python bench/serving.py --out /tmp/s.json --quick             # two small configurations
     python bench/serving.py --kv-bound --out results/serving_kv_bound.json   # a KV cache too small: preemptions
+    python bench/serving.py --spread --out results/serving_spread.json       # lengths spread as --random-range-ratio
     python bench/serving.py --out results/serving.json --rescore DIR   # recompute from a kept run dir
 
 The engine run holds the machine-wide engine lock (/tmp/m2live-engine.lock); run it under
@@ -77,6 +78,17 @@ CONFIGS = [  # ~50k prompt tokens in all (warm-ups included): prefill runs at ~2
     (8, 128, 256, 16),
 ]
 QUICK = [(2, 256, 32, 4), (8, 128, 32, 16)]
+# --spread: closed loops of lengths drawn as vLLM's benchmark draws them with --random-range-ratio R (m2live
+# simulate --random-range-ratio: simulate.sampled_lengths, seed 0, this tokenizer adding no token), each beside the
+# same loop at exact lengths. With equal lengths the requests of a wave finish together and the next wave queues
+# for the token budget; spread lengths break the waves up: the check is that the engine's TTFT falls as simulated.
+SPREAD = [  # (C, I, O, N, R)
+    (16, 256, 64, 32, 0.0),
+    (16, 256, 64, 32, 0.8),
+    (32, 128, 64, 64, 0.0),
+    (32, 128, 64, 64, 0.8),
+]
+QUICK_SPREAD = [(8, 128, 32, 16, 0.0), (8, 128, 32, 16, 0.8)]
 # --kv-bound: the same server with a KV cache too small for its runs (vLLM's --num-gpu-blocks-override), so that
 # requests wait for free blocks to be admitted and running ones are preempted (recompute) as they grow — the regime
 # of a big model on few GPUs (Llama-3.1-70B fp8 on one H100: 8.7k tokens). 24 blocks of 128 = 3,072 tokens (one
@@ -135,7 +147,17 @@ def run_closed_loop(server: Server, dataset: Path, n: int, c: int, out_dir: Path
     return json.loads((out_dir / "client.json").read_text())
 
 
-def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]], kv_blocks: int | None = None) -> None:
+def spread_lengths(c: int, isl: int, osl: int, n: int, r: float) -> tuple[list[int], list[int]]:
+    """The ``n`` (prompt, output) lengths of a --spread run: exact at R = 0, else vLLM's benchmark's draws."""
+    from m2live.simulate import sampled_lengths
+
+    if not r:
+        return [isl] * n, [osl] * n
+    prompts, outputs, _ = sampled_lengths(isl, osl, n, (r, r), 0, 0)
+    return [int(x) for x in prompts], [int(x) for x in outputs]
+
+
+def engine_runs(workdir: Path, configs: list[tuple], kv_blocks: int | None = None) -> None:
     """The calibration workloads, then ``configs`` in closed loop, on one server; ``kv_blocks``: its KV cache is
     that many blocks (``--num-gpu-blocks-override``), and each run's preemptions are read off the server's own
     counter — its warm-ups then run as a closed loop of their own before it, so that the count is the run's."""
@@ -160,9 +182,11 @@ def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]], kv_bloc
                             c_cal, workdir / "calibration_closed")
             meta["calibration_closed"] = [t_a, time.time()]
             print("closed-loop calibration workload done", flush=True)
-            for c, isl, osl, n in configs:
-                name = f"c{c}_i{isl}_o{osl}"
-                ds = write_dataset(workdir / f"{name}.jsonl", n, [(isl, osl)], seed=c * 7919 + isl)
+            for c, isl, osl, n, *spread in configs:
+                r = spread[0] if spread else None  # --spread: the range ratio (0: exact lengths)
+                name = f"c{c}_i{isl}_o{osl}" + (f"_r{r:g}" if r is not None else "")
+                lens = spread_lengths(c, isl, osl, n, r or 0.0)
+                ds = write_dataset(workdir / f"{name}.jsonl", n, list(zip(*lens, strict=True)), seed=c * 7919 + isl)
                 extra = {}
                 if kv_blocks:
                     warm = write_dataset(workdir / f"{name}_warmup.jsonl", c, [(isl, osl)], seed=c * 7919 + isl + 1)
@@ -172,11 +196,13 @@ def engine_runs(workdir: Path, configs: list[tuple[int, int, int, int]], kv_bloc
                 res = run_closed_loop(server, ds, n, c, workdir / name, warmups=0 if kv_blocks else None)
                 if kv_blocks:
                     extra["preemptions"] = server.counter(PREEMPTIONS) - before
+                if r is not None:
+                    extra.update(range_ratio=r, prompt_lens=lens[0], output_lens=lens[1])
                 meta["runs"].append({"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n,
                                      "t_start": t_a, "t_end": time.time(), "client": res, **extra})
                 print(f"C={c} I={isl} O={osl} N={n}: TTFT {res['mean_ttft_ms']:.0f} ms, TPOT "
                       f"{res['mean_tpot_ms']:.1f} ms, {res['output_throughput']:.0f} tok/s"
-                      + (f", {extra['preemptions']:.0f} preemptions" if extra else ""), flush=True)
+                      + (f", {extra['preemptions']:.0f} preemptions" if "preemptions" in extra else ""), flush=True)
             time.sleep(1.5)  # the trace writer flushes
             meta["server_cmd"] = server.cmd
     (workdir / "meta.json").write_text(json.dumps(meta))
@@ -365,6 +391,8 @@ def score(workdir: Path) -> dict:
                "measured_p99_itl_ms": float(cl.get("p99_itl_ms", float("nan")))}
         if "preemptions" in run:
             row["measured_preemptions"] = run["preemptions"]
+        if "range_ratio" in run:
+            row["range_ratio"] = run["range_ratio"]
         cfg = ServingConfig(concurrency=c, num_prompts=n, **cache, block_size=CPU_BLOCK_SIZE,
                             # --num-warmups C send the first prompt first (cached); the KV-bound runs warm up
                             # on prompts of their own and send none
@@ -372,7 +400,8 @@ def score(workdir: Path) -> dict:
                             tokenize_s_per_token=WORD_LEVEL_TOKENIZE_S)
         replay = _replay(steps, pred)
         for mode, corr in (("raw", None), ("calibrated", correction), ("replayed", replay)):
-            sim = simulate(MODEL_CONFIG.parent, spec, 1, isl, osl, cfg, predictor=pred, correct=corr)
+            sim = simulate(MODEL_CONFIG.parent, spec, 1, run.get("prompt_lens", isl), run.get("output_lens", osl), cfg,
+                           predictor=pred, correct=corr)
             d = {"ttft_ms": sim.ttft_ms, "tpot_ms": sim.tpot_ms, "output_tokens_per_s": sim.output_tokens_per_s,
                  "steps": sim.steps["steps"], "mean_step_ms": sim.steps["mean_step_ms"],
                  "preemptions": sim.steps["preemptions"]}
@@ -403,6 +432,17 @@ def score(workdir: Path) -> dict:
         return out
 
     st = tracker.stats() if hasattr(tracker, "stats") else {}
+    spread = []  # --spread: each spread run against the same loop at exact lengths
+    for r in rows:
+        if r.get("range_ratio"):
+            base = next((b for b in rows if b.get("range_ratio") == 0 and all(
+                b[k] == r[k] for k in ("concurrency", "isl", "osl", "num_prompts"))), None)
+            if base is not None:
+                spread.append({k: r[k] for k in ("concurrency", "isl", "osl", "num_prompts", "range_ratio")}
+                              | {f"{mode}_ttft_ratio": r[mode]["ttft_ms"] / base[mode]["ttft_ms"]
+                                 for mode in ("measured", "raw", "calibrated", "replayed")}
+                              | {f"{mode}_tpot_ratio": r[mode]["tpot_ms"] / base[mode]["tpot_ms"]
+                                 for mode in ("measured", "raw", "calibrated", "replayed")})
     return {
         "modes": {"raw": "the CPU device's own prediction", "calibrated": "the plugin's online correction trained "
                   "on the separate calibration workload", "replayed": "not a prediction: each simulated step "
@@ -440,6 +480,7 @@ def score(workdir: Path) -> dict:
         "open_loop": poisson,
         "summary": {"raw": summary("raw"), "calibrated": summary("calibrated"), "replayed": summary("replayed")},
         "configurations": rows,
+        **({"spread": spread} if spread else {}),
         "server_cmd": meta.get("server_cmd"),
     }
 
@@ -511,6 +552,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kv-bound", action="store_true",
                     help=f"a KV cache of {KV_BOUND_BLOCKS} blocks (--num-gpu-blocks-override) and configurations "
                          "it cannot hold at full length: admission waits and preemptions")
+    ap.add_argument("--spread", action="store_true",
+                    help="closed loops at exact lengths and at lengths drawn as vLLM's benchmark draws them with "
+                         "--random-range-ratio 0.8: the TTFT that spreading the lengths saves, measured and simulated")
     ap.add_argument("--workdir", help="keep the raw runs here (default: a temporary directory, removed)")
     ap.add_argument("--rescore", metavar="DIR", help="score a kept run directory again (no engine)")
     ap.add_argument("--speed-only", action="store_true",
@@ -536,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         cleanup = a.workdir is None
         if a.kv_bound:
             engine_runs(workdir, QUICK_KV_BOUND if a.quick else KV_BOUND, kv_blocks=KV_BOUND_BLOCKS)
+        elif a.spread:
+            engine_runs(workdir, QUICK_SPREAD if a.quick else SPREAD)
         else:
             engine_runs(workdir, QUICK if a.quick else CONFIGS)
     result = score(workdir)
@@ -554,9 +600,14 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"; median {k[:4].upper()} MAPE {s[f'median_{k}']['mape']:.1%}" for k in ("ttft_ms", "tpot_ms")
                         if f"median_{k}" in s)
               + (f"; preemptions measured/simulated {s['preemptions']}" if "preemptions" in s else ""))
+    for sp in result.get("spread", []):
+        print(f"  spread C={sp['concurrency']} I={sp['isl']} O={sp['osl']}: mean TTFT at R = {sp['range_ratio']:g} over "
+              f"exact lengths: measured x{sp['measured_ttft_ratio']:.2f}, simulated x{sp['calibrated_ttft_ratio']:.2f} "
+              f"(raw x{sp['raw_ttft_ratio']:.2f})")
     for r in result["configurations"]:
         m, c = r["measured"], r["calibrated"]
-        print(f"  C={r['concurrency']:>2} I={r['isl']:>4} O={r['osl']:>3}: TTFT {m['ttft_ms']:7.0f} vs "
+        print(f"  C={r['concurrency']:>2} I={r['isl']:>4} O={r['osl']:>3}"
+              + (f" R={r['range_ratio']:g}" if "range_ratio" in r else "") + f": TTFT {m['ttft_ms']:7.0f} vs "
               f"{c['ttft_ms']:7.0f} (raw {r['raw']['ttft_ms']:7.0f}) ms, TPOT {m['tpot_ms']:6.1f} vs "
               f"{c['tpot_ms']:6.1f} (raw {r['raw']['tpot_ms']:6.1f}) ms")
     ol = result.get("open_loop")

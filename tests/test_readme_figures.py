@@ -193,3 +193,14 @@ def test_batch_speed_row_is_its_json():
     row = _status_row("`simulate --batch`")
     assert f"{par['configurations']} outside-check-like configurations in {par['wall_s']:.1f} s" in row
     assert f"{one['wall_s']:.1f} s in one" in row and d["run_at"][:10] in row
+
+
+def test_spread_lengths_row_is_its_run_of_record():
+    """The status row of the spread-lengths check quotes results/serving_spread.json."""
+    d = _json("serving_spread.json")
+    cal, n = d["summary"]["calibrated"], d["summary"]["calibrated"]["configurations"]
+    row = _status_row("serving with lengths spread")
+    assert (f"calibrated TPOT {cal['tpot_within_15pct']}/{n} (MAPE {100 * cal['tpot_ms']['mape']:.1f} %), "
+            f"TTFT {cal['ttft_within_25pct']}/{n} ({100 * cal['ttft_ms']['mape']:.1f} %)") in row
+    assert " and ".join(f"x{x['measured_ttft_ratio']:.2f} measured, x{x['calibrated_ttft_ratio']:.2f} simulated"
+                        for x in d["spread"]) in row and d["run_at"][:10] in row
