@@ -1166,3 +1166,18 @@ def test_range_ratio_flag_json_and_batch_column(tmp_path, capsys):
         assert out == "" and len(err.strip().splitlines()) == 1 and msg in err, (bad, err)
     assert main([*base[:5], "--isl", "1", "--osl", "128", "--concurrency", "8", "--random-range-ratio", "0.5"]) == 2
     assert "too short" in capsys.readouterr().err
+
+
+def test_batch_num_prompts_column(tmp_path, capsys):
+    """A row's num_prompts is its benchmark's --num-prompts (blank: --num-prompts, else 10 x C); bad, one line."""
+    rc, rows = _batch(tmp_path, f"{L8},h100-sxm,1,512,64,4,fp8,100\n{L8},h100-sxm,1,512,64,4,fp8,\n",
+                      header=BATCH_HEADER + ",num_prompts")
+    assert rc == 0
+    for row, n in zip(rows, (100, None), strict=True):
+        r = simulate(L8, "h100-sxm", 1, 512, 64, ServingConfig(concurrency=4, num_prompts=n), precision="fp8")
+        assert float(row["ttft_ms"]) == pytest.approx(r.ttft_ms, abs=1e-3)
+    assert rows[0]["ttft_ms"] != rows[1]["ttft_ms"]
+    capsys.readouterr()
+    rc, _ = _batch(tmp_path, f"{L8},h100-sxm,1,512,64,4,fp8,0\n", header=BATCH_HEADER + ",num_prompts")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "in.csv:2: num_prompts" in err[0], err

@@ -81,7 +81,7 @@ from .ops import add_calibration_flag
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
                   "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len", "vllm_version",
-                  "random_range_ratio")
+                  "random_range_ratio", "num_prompts")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
@@ -515,7 +515,7 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
     precision) and its optional cells as ``run_one`` settings, None where blank (the flag's then): max_num_batched_
     tokens, max_num_seqs; async_scheduling, allreduce_fusion and prefix_caching (blank or auto, on, off);
     request_rate (inf: the closed loop); kv_cache_dtype; num_gpu_blocks_override; max_model_len; vllm_version;
-    random_range_ratio.
+    random_range_ratio; num_prompts.
     The model and a catalog GPU are looked up
     (the CPU device is measured only when its row runs)."""
     get_model(row["model"])
@@ -536,9 +536,10 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
                  prefix_caching=parse_switch(row.get("prefix_caching"), "prefix_caching"),
                  max_model_len=_opt_int(row.get("max_model_len"), "max_model_len"),
                  vllm_version=release_arg(row.get("vllm_version"), "vllm_version"),
-                 random_range_ratio=_range_ratio(row.get("random_range_ratio"), "random_range_ratio"))
+                 random_range_ratio=_range_ratio(row.get("random_range_ratio"), "random_range_ratio"),
+                 num_prompts=_opt_int(row.get("num_prompts"), "num_prompts"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=cells["max_tokens"],
-                  max_num_seqs=cells["max_seqs"])  # its bounds
+                  max_num_seqs=cells["max_seqs"], num_prompts=cells["num_prompts"])  # its bounds
     return fields_, cells
 
 
