@@ -113,6 +113,15 @@ def cuda_graph_capture_max(gpu: GpuSpec, max_num_seqs: int, max_num_batched_toke
     return min(2 * max_num_seqs, ceiling, max_num_batched_tokens)
 
 
+def range_ratios(r: object, what: str = "random_range_ratio") -> tuple[float, float]:
+    """(input, output) of a --random-range-ratio: one ratio for both, or a pair; each in [0, 1), as vLLM's benchmark
+    requires (one line naming ``what`` otherwise)."""
+    pair = r if isinstance(r, tuple) else (r, r)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1 for v in pair):
+        raise SimulationError(f"{what} must be in [0, 1) (as vLLM's benchmark requires), got {r!r}")
+    return pair
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """One serving benchmark: the engine's limits and the client's closed loop."""
@@ -179,12 +188,7 @@ class ServingConfig:
     @property
     def range_ratios(self) -> tuple[float, float]:
         """(input, output) range ratios of the sampled lengths."""
-        r = self.random_range_ratio
-        if isinstance(r, tuple):
-            if len(r) != 2:
-                raise SimulationError(f"random_range_ratio: one ratio or (input, output), got {r!r}")
-            return r
-        return (r, r)
+        return range_ratios(self.random_range_ratio)
 
     @property
     def open_loop(self) -> bool:
@@ -223,10 +227,7 @@ class ServingConfig:
             raise SimulationError(f"request_rate must be a positive number of requests/s, got {self.request_rate!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for r in self.range_ratios:
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
-                raise SimulationError(f"random_range_ratio must be in [0, 1) (as vLLM's benchmark requires), got "
-                                      f"{self.random_range_ratio!r}")
+        range_ratios(self.random_range_ratio)  # its bounds
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
         if not 0 < self.utilization <= 1:

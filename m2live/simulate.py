@@ -98,12 +98,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     n = cfg.num_prompts or DEFAULT_PROMPTS_PER_CONCURRENCY * cfg.concurrency
     ratios = cfg.range_ratios
     if any(ratios):
-        if not (isinstance(isl, (int, np.integer)) and isinstance(osl, (int, np.integer))):
-            raise SimulationError("random_range_ratio samples lengths around one --isl and one --osl, not a list")
-        request_lengths(isl, 1, "isl")  # the same range checks as exact lengths
-        request_lengths(osl, 1, "osl")
-        prompts, outputs, drawn = sampled_lengths(int(isl), int(osl), n, ratios, cfg.seed,
-                                                  shape.prompt_special_tokens)
+        prompts, outputs, drawn = sampled_lengths(isl, osl, n, ratios, cfg.seed, shape.prompt_special_tokens)
     else:
         prompts = request_lengths(isl, n, "isl")
         outputs = request_lengths(osl, n, "osl")
@@ -171,7 +166,7 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
     return res
 
 
-def sampled_lengths(isl: int, osl: int, n: int, ratios: tuple[float, float], seed: int,
+def sampled_lengths(isl: int | Sequence[int], osl: int | Sequence[int], n: int, ratios: tuple[float, float], seed: int,
                     special: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """The ``n`` prompt and output lengths of ``vllm bench serve --dataset-name random --random-range-ratio
     r --seed S`` (vLLM 0.32, benchmarks/datasets/utils.py ``get_sampling_params``): one generator,
@@ -180,6 +175,9 @@ def sampled_lengths(isl: int, osl: int, n: int, ratios: tuple[float, float], see
     then every output's from [floor(osl (1 - r_out)), ceil(osl (1 + r_out))] (at least 1; exactly that many with
     --ignore-eos) — the benchmark's own requests when ``n`` is its --num-prompts (the outputs are drawn after all
     ``n`` prompts). Also returns what was drawn, for the report."""
+    if not (isinstance(isl, (int, np.integer)) and isinstance(osl, (int, np.integer))):
+        raise SimulationError("random_range_ratio samples lengths around one --isl and one --osl, not a list")
+    isl, osl = (int(request_lengths(v, 1, what)[0]) for v, what in ((isl, "isl"), (osl, "osl")))
     r_in, r_out = ratios
     real = max(0, isl - special)
     in_lo, in_hi = math.floor(real * (1.0 - r_in)), math.ceil(real * (1.0 + r_in))

@@ -63,7 +63,7 @@ from ..hardware import GIB, GpuSpec, get_gpu
 from ..limits import FRONTEND_MS, KV_CACHE_GIB, RATE_RPS, TOKENIZE_US, digits
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_given, weights_for
-from ..serving_config import SWITCH_CHOICES, parse_switch, server_settings
+from ..serving_config import SWITCH_CHOICES, parse_switch, range_ratios, server_settings
 from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
@@ -241,9 +241,7 @@ def _range_ratio(text: str | None, what: str = "--random-range-ratio") -> float 
         else:
             raise SimulationError(f"{what} must be a ratio in [0, 1) or a JSON object {{\"input\": a, \"output\": "
                                   f"b}}, got {t[:60]!r}") from None
-    for v in r if isinstance(r, tuple) else (r,):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-            raise SimulationError(f"{what} must be in [0, 1) (as vLLM's benchmark requires), got {t[:60]!r}")
+    range_ratios(r, what)  # its bounds
     return r
 
 
