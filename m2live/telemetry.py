@@ -119,10 +119,9 @@ class NvmlClockSource:
             try:
                 v = nv.nvmlDeviceGetFieldValues(self._h, [fid])[0]
                 if v.nvmlReturn == getattr(nv, "NVML_SUCCESS", 0):
-                    mw = float({getattr(nv, "NVML_VALUE_TYPE_UNSIGNED_LONG", 2): v.value.ulVal,
-                                getattr(nv, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3): v.value.ullVal,
-                                getattr(nv, "NVML_VALUE_TYPE_DOUBLE", 0): v.value.dVal}.get(v.valueType,
-                                                                                          v.value.uiVal))
+                    member = {nv.NVML_VALUE_TYPE_DOUBLE: "dVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+                              nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}.get(v.valueType, "uiVal")
+                    mw = float(getattr(v.value, member))
                     if 0 < mw < 1e7:  # a board's watts, in mW
                         self._instant = True
                         return mw

@@ -283,7 +283,6 @@ class _Kind:
         self.attn_what, self.sampler = attn_what, sampler
         self.fp8_ops, self.fp8_what = fp8  # vLLM's fp8 linear ops (None: skipped; the dry run's stand-in)
         self.failed: dict[str, int] = {}  # kind -> failures so far (the first is said in full, the rest counted)
-        self.in_a_row: dict[str, int] = {}  # kind -> failures since its last measured shape
 
     def can_measure(self, kind: str) -> bool:
         """Whether this run measures ``kind`` (vLLM's attention and fp8 kernels need vLLM; the dry run stands in)."""
@@ -334,26 +333,26 @@ class _Kind:
                 t = _measure_attention(self.torch, self.timer, self.dev, kind, r, self.fa, self.dry_run)
         except Exception as e:  # noqa: BLE001 - one shape the library refuses does not stop the rest
             n = self.failed[kind] = self.failed.get(kind, 0) + 1
-            self.in_a_row[kind] = self.in_a_row.get(kind, 0) + 1
             if n == 1:
                 self.say(f"{kind} {dict((c, r[c]) for c in cal.SHAPE_COLS[kind])}: not measured ({one_line(e)})")
             return None
-        self.in_a_row[kind] = 0
         return t if t is not None and t > 0 and math.isfinite(t) else None
 
     def all(self, kind: str, rows: list[dict[str, str]], deadline: float) -> list[Measured]:
         """(row, seconds, median SM clock) of every row measured before ``deadline`` (time.monotonic())."""
         got, spans = [], []
-        failed_before = self.failed.get(kind, 0)
-        self.in_a_row[kind] = 0
+        failed_before = failed = self.failed.get(kind, 0)
+        in_a_row = 0  # shapes the library refused since the last it ran
         for r in rows:
             t0 = time.monotonic()
             if t0 > deadline:
                 break
-            if self.in_a_row[kind] >= FAILS_IN_A_ROW:
+            if in_a_row >= FAILS_IN_A_ROW:
                 self.say(f"{kind}: stopped after {FAILS_IN_A_ROW} shapes failed in a row")
                 break
             t = self.one(kind, r)
+            in_a_row = in_a_row + 1 if self.failed.get(kind, 0) > failed else 0
+            failed = self.failed.get(kind, 0)
             if t is not None:
                 got.append((r, t))
                 spans.append((t0, time.monotonic()))
