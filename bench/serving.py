@@ -147,7 +147,7 @@ def run_closed_loop(server: Server, dataset: Path, n: int, c: int, out_dir: Path
     return json.loads((out_dir / "client.json").read_text())
 
 
-def spread_lengths(c: int, isl: int, osl: int, n: int, r: float) -> tuple[list[int], list[int]]:
+def spread_lengths(isl: int, osl: int, n: int, r: float) -> tuple[list[int], list[int]]:
     """The ``n`` (prompt, output) lengths of a --spread run: exact at R = 0, else vLLM's benchmark's draws."""
     from m2live.simulate import sampled_lengths
 
@@ -185,7 +185,7 @@ def engine_runs(workdir: Path, configs: list[tuple], kv_blocks: int | None = Non
             for c, isl, osl, n, *spread in configs:
                 r = spread[0] if spread else None  # --spread: the range ratio (0: exact lengths)
                 name = f"c{c}_i{isl}_o{osl}" + (f"_r{r:g}" if r is not None else "")
-                lens = spread_lengths(c, isl, osl, n, r or 0.0)
+                lens = spread_lengths(isl, osl, n, r or 0.0)
                 ds = write_dataset(workdir / f"{name}.jsonl", n, list(zip(*lens, strict=True)), seed=c * 7919 + isl)
                 extra = {}
                 if kv_blocks:
