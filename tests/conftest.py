@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,15 @@ MODELS = REPO / "m2live" / "data" / "models"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 M2 = [sys.executable, "-m", "m2live"]
+RULES = REPO / "dashboards" / "m2live.rules.yml"  # the Prometheus rules shipped beside the dashboard
+
+
+def rule_metric_names(text: str) -> set[str]:
+    """The m2live_* series the rules read (histogram suffixes dropped), comments left out."""
+    body = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    exprs = re.findall(r"expr: ([^\n]+(?:\n {10,}[^\n]+)*)", body)
+    names = set().union(*(re.findall(r"\bm2live_[a-z_]+", e) for e in exprs))
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
 
 
 def load_script(path: Path, name: str | None = None):

@@ -183,15 +183,18 @@ class Prometheus(_Server):
 
     name = "prometheus"
 
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s", port: int | None = None):
+    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s", port: int | None = None,
+                 rule_files: list[Path] = ()):
         super().__init__(workdir, port)
         self.targets = list(targets)
         self.conf = self.dir / "prometheus.yml"
+        rules = "".join(f"  - {json.dumps(str(Path(f).resolve()))}\n" for f in rule_files)
         self.conf.write_text(
             "global:\n"
             f"  scrape_interval: {scrape_interval}\n"
             f"  evaluation_interval: {scrape_interval}\n"
-            "scrape_configs:\n"
+            + (f"rule_files:\n{rules}" if rules else "")
+            + "scrape_configs:\n"
             "  - job_name: m2live\n"
             f"    scrape_interval: {scrape_interval}\n"
             f"    scrape_timeout: {scrape_interval}\n"
@@ -236,6 +239,10 @@ class Prometheus(_Server):
 
     def label_values(self, label: str, match: str) -> list[str]:
         return self.api(f"label/{label}/values", **{"match[]": match})
+
+    def alerts(self) -> list[dict]:
+        """The alerts of the loaded rules, pending or firing (GET /api/v1/alerts)."""
+        return self.api("alerts")["alerts"]
 
     def targets_up(self) -> bool:
         active = self.api("targets")["activeTargets"]
@@ -299,11 +306,13 @@ def mosquitto_fixture(tmp_path: Path) -> Iterator[Mosquitto]:
 
 @pytest.fixture(name="prometheus")
 def prometheus_fixture(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
-    """Factory: ``prometheus(["127.0.0.1:PORT"], scrape_interval="1s")`` → a started Prometheus."""
+    """Factory: ``prometheus(["127.0.0.1:PORT"], scrape_interval="1s", rule_files=[...])`` → a started
+    Prometheus."""
     started: list[Prometheus] = []
 
-    def make(targets: list[str], scrape_interval: str = "1s") -> Prometheus:
-        p = Prometheus(tmp_path / f"prometheus{len(started)}", targets, scrape_interval).start(timeout=30)
+    def make(targets: list[str], scrape_interval: str = "1s", rule_files: list[Path] = ()) -> Prometheus:
+        p = Prometheus(tmp_path / f"prometheus{len(started)}", targets, scrape_interval,
+                       rule_files=rule_files).start(timeout=30)
         started.append(p)
         return p
 

@@ -3,7 +3,8 @@ environment), a real Prometheus scraping the plugin's exporter, and a subscriber
 the step stream. While serving: an MQTT control message changes the SLO and the next steps carry it; the broker
 is stopped for longer than the publisher's queue lasts and restarted: the engine keeps stepping at its normal
 pace, the drops are counted, and publishing resumes. Then every PromQL expression of the dashboard is evaluated
-against the Prometheus that scraped the engine.
+against the Prometheus that scraped the engine, which also ran the shipped alerting rules (dashboards/
+m2live.rules.yml): the outage and a refused control message raise their alerts.
 
 One process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the shipped tiny Llama with dummy weights; the test drives
 ``LLMEngine.step()`` itself so it can act between steps. Set ``M2LIVE_SNAPSHOT=PATH.png`` to also render the
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import paho.mqtt.publish as paho_publish
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO, RULES, load_script, rule_metric_names
 from servers import Mosquitto, Prometheus, Subscriber, free_port, wait_until
 
 INSTANCE = "e2e"
@@ -80,7 +81,8 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     prom_port = free_port()
     broker = Mosquitto(tmp_path / "mosquitto").start()
-    prom = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{prom_port}"], scrape_interval="1s")
+    prom = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{prom_port}"], scrape_interval="1s",
+                      rule_files=[RULES])
     trace = tmp_path / "trace.jsonl"
     topic = f"m2live/{INSTANCE}"
     sub = None
@@ -122,6 +124,7 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
                                                                             for r in first) >= 1
 
         # ---- a control message changes the SLO live; the next steps carry it ------------------------------
+        drv.run_until(lambda: _scrapes(prom) >= 1, 30, "a scrape before the control messages")  # counters from 0
         paho_publish.single(f"{topic}/control", json.dumps({"slo_ms": SLO_MS_LIVE}), qos=1,
                             hostname="127.0.0.1", port=broker.port)
         paho_publish.single(f"{topic}/control", json.dumps({"slo_ms": -1}), qos=1,  # invalid: ignored
@@ -202,6 +205,17 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         assert float(prom.query("sum(m2live_mqtt_dropped_total)")[0]["value"][1]) > 0
         steps_prom = float(prom.query("sum(m2live_steps_total)")[0]["value"][1])
         assert 0.8 * drv.steps <= steps_prom <= drv.steps + 5
+
+        # ---- the shipped alerting rules: every series they read is served, and the outage and the refused
+        # control message raised their alerts (neither has a `for`) -----------------------------------------
+        groups = prom.api("rules")["groups"]
+        assert groups and all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
+        rule_series = rule_metric_names(RULES.read_text()) - set(NVML_ONLY)
+        unserved = [n for n in sorted(rule_series) if not prom.query(f'{{__name__=~"{n}(_count)?"}}')]
+        assert not unserved, f"the rules read series the plugin does not serve: {unserved}"
+        firing = {("M2liveTelemetryLost", "mqtt"), ("M2liveControlRejected", "")}
+        drv.run_until(lambda: firing <= {(a["labels"]["alertname"], a["labels"].get("sink", "")) for a in prom.alerts()
+                                         if a["state"] == "firing"}, 30, f"the alerts {sorted(firing)}")
 
         print(f"e2e: {drv.steps} engine steps; outage {outage_s:.1f} s over {len(outage_wall)} steps "
               f"(step wall median {statistics.median(before_wall) * 1e3:.1f} ms before, "
