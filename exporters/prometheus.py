@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from m2live import __version__ as M2LIVE_VERSION
 from m2live.record import StepRecord
 from m2live.workqueue import DropOldestQueue
 
@@ -151,6 +152,7 @@ class PrometheusExporter:
         self._clock_source: str | None = None
         self._calibration: str | None = None
         self._weights: str | None = None
+        self._vllm_version = "unknown"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._httpd = None
@@ -215,6 +217,11 @@ class PrometheusExporter:
         input scales)``, ...), read from the engine's quantization config."""
         with self._lock:
             self._weights = str(label)
+
+    def set_vllm_version(self, version: str) -> None:
+        """The vLLM release the plugin runs in (``build_info{vllm_version}``; ``unknown`` until set)."""
+        with self._lock:
+            self._vllm_version = str(version)
 
     def set_calibration(self, label: str) -> None:
         """Which GPU calibration the predictions use (``calibration_info{calibration}``; ``none``: the
@@ -358,6 +365,10 @@ class PrometheusExporter:
                                 "'none': the architecture's constants).", labels=[*labels, "calibration"])
         if self._calibration is not None:
             fam.add_metric([*default, self._calibration], 1.0)
+        yield fam
+        fam = GaugeMetricFamily(PREFIX + "build_info", "m2live's version and the vLLM release it runs in (value 1).",
+                                labels=[*labels, "version", "vllm_version"])
+        fam.add_metric([*default, M2LIVE_VERSION, self._vllm_version], 1.0)
         yield fam
         fam = GaugeMetricFamily(PREFIX + "weights_info", "Weights format the predictions price (value 1; from the "
                                 "engine's quantization config).", labels=[*labels, "precision"])

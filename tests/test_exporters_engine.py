@@ -202,6 +202,10 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         # device they are absent, not invented
         assert absent and not any(has for _, has in absent), absent
         assert prom.query(f'm2live_slo_seconds{{engine="{mon.engine}"}}')[0]["value"][1] == str(SLO_MS_LIVE / 1e3)
+        import vllm
+
+        build = prom.query("m2live_build_info")
+        assert [b["metric"]["vllm_version"] for b in build] == [vllm.__version__]
         assert float(prom.query("sum(m2live_mqtt_dropped_total)")[0]["value"][1]) > 0
         steps_prom = float(prom.query("sum(m2live_steps_total)")[0]["value"][1])
         assert 0.8 * drv.steps <= steps_prom <= drv.steps + 5

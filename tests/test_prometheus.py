@@ -189,6 +189,22 @@ def test_weights_info_says_what_the_predictions_price():
         exp.close()
 
 
+def test_build_info_names_m2live_and_the_vllm_it_runs_in():
+    import m2live
+
+    exp, reg = exporter()
+    try:
+        assert reg.get_sample_value("m2live_build_info", {**L, "version": m2live.__version__,
+                                                          "vllm_version": "unknown"}) == 1  # not told yet
+        exp.set_vllm_version("0.32.0")
+        assert reg.get_sample_value("m2live_build_info", {**L, "version": m2live.__version__,
+                                                          "vllm_version": "0.32.0"}) == 1
+        assert reg.get_sample_value("m2live_build_info", {**L, "version": m2live.__version__,
+                                                          "vllm_version": "unknown"}) is None
+    finally:
+        exp.close()
+
+
 def test_engines_get_their_own_series():
     exp, reg = exporter()
     try:

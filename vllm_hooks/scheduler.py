@@ -31,12 +31,9 @@ TESTED_VLLM = "0.32.0"
 
 
 def _vllm_version() -> str:
-    try:
-        import vllm
+    from .sinks import vllm_version
 
-        return str(getattr(vllm, "__version__", "unknown"))
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    return vllm_version()
 
 
 def _engine_limits(scheduler: Any) -> tuple[int, int]:

@@ -9,6 +9,7 @@ nor the exporters' client libraries.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,11 @@ from m2live.live import EngineInfo, LiveMonitor
 from m2live.step import Step
 from m2live.telemetry import ClockSource
 from m2live.trace import TraceWriter
+
+
+def vllm_version() -> str:
+    """The release of the vLLM loaded in this process (``unknown`` when none is): never imports it."""
+    return str(getattr(sys.modules.get("vllm"), "__version__", "unknown"))
 
 
 class TraceSink(TraceWriter):
@@ -57,6 +63,7 @@ def env_sinks(mon: LiveMonitor, exporters: bool = True) -> list[Any]:
                 exp.set_clock_source(mon.clock_source_name)
                 exp.set_calibration(mon.calibration)
                 exp.set_weights(mon.weights)
+                exp.set_vllm_version(vllm_version())
             except Exception as e:  # noqa: BLE001
                 mon.sink_failed("prometheus clock source", e)
             out.append(exp)
