@@ -49,8 +49,8 @@ POINTS: list[dict] = [
                  "--ignore-eos, closed loop at fixed --max-concurrency",
         "stated": "ITL p50 and TTFT p50 (ms) per concurrency",
         "gpu": "NVIDIA L4", "model": QWEN25_05B, "tp": 1, "precision": "bf16", "isl": 256, "osl": 128,
-        "vllm": "0.23", "statistic": "median", "gpu_memory_utilization": 0.6,
-        "runs": [  # (concurrency, TPOT ~ ITL p50, TTFT p50)
+        "vllm": "0.23", "statistic": "median", "per_token": "itl", "gpu_memory_utilization": 0.6,
+        "runs": [  # (concurrency, ITL p50, TTFT p50)
             (1, 5.1, 27.0), (2, 5.2, 37.8), (4, 5.3, 50.1), (8, 5.5, 60.9), (16, 6.0, 103.8), (32, 7.1, 135.3),
         ],
     },
@@ -160,11 +160,16 @@ def run_point(p: dict) -> dict:
                             **({"gpu_memory_utilization": p["gpu_memory_utilization"]}
                                if "gpu_memory_utilization" in p else {}))
         r = simulate(p["model"], p["gpu"], p["tp"], p["isl"], p["osl"], cfg, precision=p["precision"])
-        # the statistic the source states: medians (p50) where it gives them, else the benchmark's means
+        # the statistic the source states: medians (p50) where it gives them, else the benchmark's means; of ITL
+        # (every gap between a request's tokens) where it states that instead of TPOT (per request)
         median = p.get("statistic", "mean") == "median"
-        sim_tpot = r.percentiles["tpot_ms"]["median"] if median else r.tpot_ms
+        per_token = r.percentiles["itl_ms" if p.get("per_token") == "itl" else "tpot_ms"]
+        sim_tpot = per_token["median"] if median else (per_token["mean"] if p.get("per_token") == "itl"
+                                                       else r.tpot_ms)
         sim_ttft = r.percentiles["ttft_ms"]["median"] if median else r.ttft_ms
-        row = {"concurrency": c, "statistic": "median" if median else "mean", "measured_tpot_ms": round(tpot, 3),
+        row = {"concurrency": c, "statistic": "median" if median else "mean",
+               **({"per_token_metric": "ITL"} if p.get("per_token") == "itl" else {}),
+               "measured_tpot_ms": round(tpot, 3),
                "simulated_tpot_ms": round(sim_tpot, 3), "tpot_error": round(sim_tpot / tpot - 1.0, 4)}
         if ttft is not None:
             row.update(measured_ttft_ms=ttft, simulated_ttft_ms=round(sim_ttft, 2),

@@ -37,6 +37,7 @@ timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,11 @@ class Engine:
         self.t_send = np.full(n, np.nan)
         self.t_first = np.full(n, np.nan)
         self.t_fin = np.full(n, np.nan)
+        self.t_last = np.full(n, np.nan)  # each request's latest token
+        # inter-token latencies as the benchmark's client sees them (every gap between a request's successive
+        # tokens), kept as (gap, how many tokens had it): a run of pure-decode steps adds one gap per step
+        self.itl_gaps = array("d")
+        self.itl_counts = array("d")
         self.running: list[int] = []  # admission order
         self.waiting: deque[int] = deque()
         self.arrivals: list[tuple[float, int]] = []  # (engine arrival time, request) heap
@@ -331,6 +337,9 @@ class Engine:
         self.outputs[sampled] += 1
         first = sampled[self.outputs[sampled] == 1]
         self.t_first[first] = self.t
+        later = sampled[self.outputs[sampled] > 1]
+        self._itl(self.t - self.t_last[later], 1.0)
+        self.t_last[sampled] = self.t
         for i in sampled[self.outputs[sampled] >= self.out_len[sampled]].tolist():
             self.running.remove(i)
             self._finish(i, self.t)
@@ -339,6 +348,12 @@ class Engine:
                                "prefills": pre, "decodes": n_dec, "free_blocks": self.free,
                                "running": list(self.running), "waiting": list(self.waiting)})
         return True
+
+    def _itl(self, gaps: np.ndarray, count: float) -> None:
+        """Record inter-token gaps, each had by ``count`` tokens."""
+        if len(gaps):
+            self.itl_gaps.frombytes(np.ascontiguousarray(gaps, dtype=np.float64).tobytes())
+            self.itl_counts.frombytes(np.full(len(gaps), count).tobytes())
 
     def _account(self, pre: tuple, n_dec: int, dt: float, count: int) -> None:
         st = self.st
@@ -424,6 +439,9 @@ class Engine:
         self.t = float(ends[-1])
         self.computed[ra] += k
         self.outputs[ra] += k
+        self._itl(ends[0] - self.t_last[ra], 1.0)  # each request's gap since its own last token
+        self._itl(dts[1:k], float(B))  # then every request's gap is the step
+        self.t_last[ra] = self.t
         newb = (self.computed[ra] + self.bs - 1) // self.bs
         self._alloc(int(newb.sum()) - held)
         self.blocks[ra] = newb

@@ -36,7 +36,8 @@ class ServingResult:
     memory: dict
     steps: dict
     per_request: dict = field(default_factory=dict)  # arrays (ms) when asked for
-    # the benchmark's other statistics over requests: {"ttft_ms" | "tpot_ms" | "e2el_ms": {"median", "p99"}}
+    # the benchmark's other statistics over requests: {"ttft_ms" | "tpot_ms" | "e2el_ms": {"median", "p99"}}, and
+    # over every inter-token gap of every request: {"itl_ms": {"mean", "median", "p99"}}
     percentiles: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -121,8 +122,9 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "request_rate": cfg.request_rate if cfg.open_loop else "inf",
         },
         memory=mem, steps=steps,
-        percentiles={name: _median_p99(1e3 * v) for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot),
-                                                                 ("e2el_ms", e2el))})
+        percentiles={**{name: _median_p99(1e3 * v) for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot),
+                                                                   ("e2el_ms", e2el))},
+                     "itl_ms": itl_stats(np.frombuffer(eng.itl_gaps), np.frombuffer(eng.itl_counts), 1e3)})
     if keep:
         res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
     return res
@@ -135,6 +137,26 @@ def _median_p99(values: np.ndarray) -> dict:
     if not v.size:
         return {"median": 0.0, "p99": 0.0}
     return {"median": float(np.median(v)), "p99": float(np.percentile(v, 99))}
+
+
+def itl_stats(gaps: np.ndarray, counts: np.ndarray, scale: float = 1.0) -> dict:
+    """Mean, median and 99th percentile of inter-token latencies given as distinct ``gaps``, each had by
+    ``counts`` tokens: what ``vllm bench serve`` computes over its flat list of every request's gaps (numpy's
+    linear interpolation), without expanding the list."""
+    keep = counts > 0
+    g, c = gaps[keep], counts[keep]
+    if not g.size:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    order = np.argsort(g, kind="stable")
+    g, cum = g[order], np.cumsum(c[order])
+    n = cum[-1]
+
+    def at(q: float) -> float:  # np.percentile(expanded, q): between the sorted list's items floor(pos) and ceil
+        pos = q / 100.0 * (n - 1)
+        lo, hi = np.searchsorted(cum, [np.floor(pos), np.ceil(pos)], side="right")
+        return float(g[lo] + (pos - np.floor(pos)) * (g[hi] - g[lo]))
+
+    return {"mean": scale * float(np.dot(g, c[order]) / n), "median": scale * at(50.0), "p99": scale * at(99.0)}
 
 
 def bounds(timer: StepTimer, st: EngineStats) -> dict:

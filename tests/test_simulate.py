@@ -177,6 +177,62 @@ def test_fast_forward_gives_the_same_requests_times_as_step_by_step():
         np.testing.assert_allclose(ff.t_fin, ref.t_fin)
 
 
+def test_itl_statistics_are_numpys_over_the_expanded_gaps():
+    """Gaps kept as (value, how many tokens had it) give the mean, median and p99 numpy gives over the flat list
+    the benchmark's client builds."""
+    from m2live.serving_metrics import itl_stats
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 40, 300):
+        gaps = rng.choice([0.5, 1.0, 1.5, 7.0], n) if n > 2 else rng.random(n)
+        gaps = np.where(rng.random(n) < 0.3, rng.random(n) * 20, gaps)
+        counts = rng.integers(0, 50, n).astype(float)
+        counts[0] = max(counts[0], 1.0)
+        flat = np.repeat(gaps, counts.astype(int))
+        got = itl_stats(gaps, counts, 1e3)
+        assert got["mean"] == pytest.approx(1e3 * flat.mean(), rel=1e-12)
+        assert got["median"] == pytest.approx(1e3 * np.percentile(flat, 50), rel=1e-12)
+        assert got["p99"] == pytest.approx(1e3 * np.percentile(flat, 99), rel=1e-12)
+    assert itl_stats(np.array([]), np.array([])) == {"mean": 0.0, "median": 0.0, "p99": 0.0}
+
+
+def test_every_token_after_the_first_adds_one_gap_and_the_gaps_add_up():
+    """Each request's gaps sum to its last token's time less its first's, and it has one gap per token after the
+    first — with preemptions (a recompute's gap spans its wait) and with runs of decode steps advanced at once,
+    which give the same gaps as stepping."""
+    from m2live.serving_metrics import itl_stats
+
+    prompts, outputs = [300, 20, 77, 150, 40, 500] * 3, [40, 90, 17, 60, 33, 25] * 3
+
+    def timer(pre, n, ctx):  # mixed steps slower, the step growing with its decodes
+        return 1.0 + 0.05 * n + (2.0 if pre else 0.0)
+
+    for blocks in (400, 40):
+        engines = []
+        for ff in (False, True):
+            eng = Engine(timer, np.array(prompts), np.array(outputs), 4, 128, 8, blocks, fast_forward=ff)
+            eng.run()
+            gaps, counts = np.frombuffer(eng.itl_gaps), np.frombuffer(eng.itl_counts)
+            assert counts.sum() == (eng.out_len - 1).sum()
+            assert np.dot(gaps, counts) == pytest.approx((eng.t_fin - eng.t_first).sum(), rel=1e-12)
+            assert gaps.min() >= 1.0  # no gap shorter than a step
+            engines.append(itl_stats(gaps, counts))
+        assert engines[0] == pytest.approx(engines[1], rel=1e-12)
+        if blocks == 40:
+            assert eng.st.preemptions > 0
+
+
+def test_itl_in_the_report_mean_is_tpot_and_prefill_chunks_make_its_tail():
+    """With every request O tokens long, the mean gap is the mean TPOT (both are (last - first) / (O - 1)); long
+    prompts chunked into the decodes' steps stall them: the p99 gap is several times the median one."""
+    r = simulate(L8, "h100", 1, 4096, 128, ServingConfig(concurrency=16, num_prompts=64))
+    itl = r.percentiles["itl_ms"]
+    assert itl["mean"] == pytest.approx(r.tpot_ms, rel=1e-9)
+    assert itl["p99"] > 3 * itl["median"] > 0
+    short = simulate(L8, "h100", 1, 64, 512, ServingConfig(concurrency=16, num_prompts=64)).percentiles["itl_ms"]
+    assert short["p99"] < 1.5 * short["median"]  # short prompts: every gap about one decode step
+
+
 # ---- the simulated benchmark --------------------------------------------------------------------------------
 def test_api_server_defaults_per_device_and_release():
     old, new = VllmRelease(0, 24), VllmRelease(0, 32)
@@ -813,7 +869,8 @@ def test_medians_and_p99_as_the_benchmark_reports_them(capsys):
     assert main(["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "256", "--osl", "16", "--concurrency", "2",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["percentiles"]) == {"ttft_ms", "tpot_ms", "e2el_ms"}
+    assert set(out["percentiles"]) == {"ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"}
+    assert set(out["percentiles"]["itl_ms"]) == {"mean", "median", "p99"}
     assert out["percentiles"]["tpot_ms"]["median"] <= out["percentiles"]["tpot_ms"]["p99"]
 
 

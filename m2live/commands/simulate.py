@@ -369,6 +369,9 @@ def print_result(r: ServingResult) -> None:
         c.print("median / p99: " + "; ".join(f"{label} {pc[key]['median']:,.{nd}f} / {pc[key]['p99']:,.{nd}f} ms"
                                               for label, key, nd in (("TTFT", "ttft_ms", 1), ("TPOT", "tpot_ms", 2),
                                                                      ("E2E", "e2el_ms", 0))))
+    if "itl_ms" in pc:
+        c.print("ITL (every gap between a request's successive tokens) mean / median / p99: "
+                f"{pc['itl_ms']['mean']:,.2f} / {pc['itl_ms']['median']:,.2f} / {pc['itl_ms']['p99']:,.2f} ms")
     if a.get("lengths"):
         ln = a["lengths"]
         c.print(f"lengths drawn as the benchmark's --random-range-ratio {ln['random_range_ratio']['input']:g}"
