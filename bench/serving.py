@@ -383,7 +383,9 @@ def score(workdir: Path) -> dict:
         steps = [r for r in trace if run["t_start"] <= r["time"] <= run["t_end"] and r.get("measured_s")
                  and r.get("num_prefill_tokens", 0) + r.get("num_decode_tokens", 0) > 0]
         meas_pct = {k: {"median": float(cl[f"median_{k}"]), "p99": float(cl[f"p99_{k}"])}
-                    for k in ("ttft_ms", "tpot_ms") if f"median_{k}" in cl and f"p99_{k}" in cl}
+                    for k in ("ttft_ms", "tpot_ms", "itl_ms") if f"median_{k}" in cl and f"p99_{k}" in cl}
+        if "itl_ms" in meas_pct and "mean_itl_ms" in cl:
+            meas_pct["itl_ms"]["mean"] = float(cl["mean_itl_ms"])
         row = {"concurrency": c, "isl": isl, "osl": osl, "num_prompts": n, "measured": meas,
                "measured_percentiles": meas_pct,
                "measured_steps": len(steps),
@@ -409,6 +411,7 @@ def score(workdir: Path) -> dict:
             d["percentiles"] = {k: sim.percentiles[k] for k in meas_pct}
             d["median_error"] = {k: (sim.percentiles[k]["median"] - v["median"]) / v["median"]
                                  for k, v in meas_pct.items()}
+            d["p99_error"] = {k: (sim.percentiles[k]["p99"] - v["p99"]) / v["p99"] for k, v in meas_pct.items()}
             row[mode] = d
         rows.append(row)
 
@@ -420,10 +423,11 @@ def score(workdir: Path) -> dict:
         for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
             errs = [abs(r[mode]["error"][k]) for r in rows]
             out[k] = {"mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
-        for k in ("ttft_ms", "tpot_ms"):  # the benchmark's medians, where the client reported them
-            errs = [abs(r[mode]["median_error"][k]) for r in rows if k in r[mode].get("median_error", {})]
-            if errs:
-                out[f"median_{k}"] = {"mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
+        for k in ("ttft_ms", "tpot_ms", "itl_ms"):  # the benchmark's medians and p99s, where the client reported them
+            for stat in ("median", "p99"):
+                errs = [abs(r[mode][f"{stat}_error"][k]) for r in rows if k in r[mode].get(f"{stat}_error", {})]
+                if errs:
+                    out[f"{stat}_{k}"] = {"mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
         if all("measured_preemptions" in r for r in rows):  # measured, simulated
             out["preemptions"] = [[r["measured_preemptions"], r[mode]["preemptions"]] for r in rows]
         out["tpot_within_15pct"] = sum(abs(r[mode]["error"]["tpot_ms"]) <= 0.15 for r in rows)
@@ -597,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
               f"TTFT MAPE {s['ttft_ms']['mape']:.1%} (max {s['ttft_ms']['max_abs_error']:.1%}), tok/s MAPE "
               f"{s['output_tokens_per_s']['mape']:.1%}; TPOT within 15 %: {s['tpot_within_15pct']}/"
               f"{s['configurations']}, TTFT within 25 %: {s['ttft_within_25pct']}/{s['configurations']}"
-              + "".join(f"; median {k[:4].upper()} MAPE {s[f'median_{k}']['mape']:.1%}" for k in ("ttft_ms", "tpot_ms")
-                        if f"median_{k}" in s)
+              + "".join(f"; {stat} {k[:-3].upper()} MAPE {s[f'{stat}_{k}']['mape']:.1%}"
+                        for k in ("ttft_ms", "tpot_ms", "itl_ms") for stat in ("median", "p99") if f"{stat}_{k}" in s)
               + (f"; preemptions measured/simulated {s['preemptions']}" if "preemptions" in s else ""))
     for sp in result.get("spread", []):
         print(f"  spread C={sp['concurrency']} I={sp['isl']} O={sp['osl']}: mean TTFT at R = {sp['range_ratio']:g} over "
