@@ -95,6 +95,8 @@ RATE_RPS = Bound("requests/s", 1e-6, 1e6)  # arrival rate of a workload
 FRONTEND_MS = Bound("ms", 0.0, 60_000.0)  # client <-> engine path, each way: a minute at most
 TOKENIZE_US = Bound("us", 0.0, 10_000.0)  # the API server's tokenising, per prompt token
 KV_CACHE_GIB = Bound("GiB", 0.0, 1_048_576.0)  # a KV cache of at most 1 PiB (a GPU's memory caps it further)
+GOODPUT_MS = Bound("ms", 0.0, 1e9)  # a --goodput SLO (vllm bench serve: any value >= 0); 1e9 ms is 11.6 days
+PERCENTILE = Bound("", 0.0, 100.0)  # a --metric-percentiles entry (numpy's range)
 
 # --- the live plugin (M2LIVE_*, MQTT control) -----------------------------------------------------------------
 SLO_MS = Bound("ms", 1.0, 600_000.0)  # per-step latency SLO: 1 ms .. 10 minutes

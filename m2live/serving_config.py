@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .hardware import GpuSpec
-from .limits import STEP_SEQS, STEP_TOKENS
+from .limits import GOODPUT_MS, PERCENTILE, STEP_SEQS, STEP_TOKENS
 from .shapes import ModelShape
 from .vllm_release import (
     DEFAULT_GPU_RELEASE,
@@ -122,6 +122,48 @@ def range_ratios(r: object, what: str = "random_range_ratio") -> tuple[float, fl
     return pair
 
 
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vllm bench serve --goodput's names (benchmarks/serve.py)
+
+
+def goodput_slos(slos: object, what: str = "--goodput") -> tuple[tuple[str, float], ...]:
+    """vllm bench serve's --goodput SLOs as ((metric, ms), ...): ``KEY:VALUE`` texts (a list, or one text of them
+    separated by spaces: a batch cell) or (metric, ms) pairs; each metric ttft, tpot or e2el, each value a number
+    of ms >= 0; a metric given twice keeps its last value (as the benchmark's dict does). One line otherwise."""
+    items = str(slos).split() if isinstance(slos, str) else list(slos or ())
+    if not items:
+        raise SimulationError(f"{what} needs KEY:VALUE pairs (ttft, tpot or e2el, in ms), got none")
+    out: dict[str, float] = {}
+    for item in items:
+        key, value, ok = None, None, False
+        if isinstance(item, str):
+            key, sep, value = item.partition(":")
+            ok = bool(sep) and key in GOODPUT_METRICS
+        elif isinstance(item, tuple) and len(item) == 2:
+            key, value = item
+            ok = key in GOODPUT_METRICS
+        if not ok:
+            raise SimulationError(f"{what} takes KEY:VALUE pairs with KEY one of {', '.join(GOODPUT_METRICS)} and "
+                                  f"VALUE in ms, got {item!r}")
+        read = GOODPUT_MS.parse if isinstance(value, str) else GOODPUT_MS.check
+        out[key] = float(read(value, f"{what} {key}", SimulationError))
+    return tuple(out.items())
+
+
+def metric_percentiles(qs: object, what: str = "--metric-percentiles") -> tuple[float, ...]:
+    """vllm bench serve's --metric-percentiles: percentiles in [0, 100], as comma-separated text ("50,90,99") or
+    numbers; one line otherwise."""
+    items = str(qs).split(",") if isinstance(qs, str) else list(qs or ())
+    if not items:
+        raise SimulationError(f"{what} needs percentiles in [0, 100], got none")
+    return tuple(float((PERCENTILE.parse if isinstance(q, str) else PERCENTILE.check)(q, what, SimulationError))
+                 for q in items)
+
+
+def percentile_name(q: float) -> str:
+    """The benchmark's name of a percentile: p99, p99.9 (its p_word)."""
+    return f"p{int(q)}" if int(q) == q else f"p{q:g}"
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """One serving benchmark: the engine's limits and the client's closed loop."""
@@ -172,6 +214,11 @@ class ServingConfig:
     # the vLLM release whose defaults the server runs with (vllm_release): None the release simulated by default
     # (vllm_release.default_release: the one m2live's GPU kernel tables were measured in)
     vllm_version: VllmRelease | None = None
+    # vllm bench serve --goodput: SLOs ((metric, ms), ...) a request must meet, every one, to count as good;
+    # () reports no goodput
+    goodput: tuple[tuple[str, float], ...] = ()
+    # vllm bench serve --metric-percentiles beyond the median and p99 always reported (p90, p99.9, ...)
+    metric_percentiles: tuple[float, ...] = ()
 
     def release(self, gpu: GpuSpec) -> VllmRelease:
         """The vLLM release simulated on ``gpu``: the one given, else the default for the device."""
@@ -228,6 +275,11 @@ class ServingConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimulationError(f"seed must be a non-negative integer, got {self.seed!r}")
         range_ratios(self.random_range_ratio)  # its bounds
+        if self.goodput:
+            object.__setattr__(self, "goodput", goodput_slos(self.goodput, "goodput"))
+        if self.metric_percentiles:
+            object.__setattr__(self, "metric_percentiles", metric_percentiles(self.metric_percentiles,
+                                                                              "metric_percentiles"))
         if self.long_prefill_token_threshold < 0:
             raise SimulationError("long_prefill_token_threshold must be >= 0")
         if not 0 < self.utilization <= 1:

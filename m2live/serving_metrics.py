@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .hardware import GpuSpec
-from .serving_config import ServingConfig
+from .serving_config import ServingConfig, percentile_name
 from .serving_engine import Engine, EngineStats
 from .step_timer import StepTimer
 from .vllm_release import given_release_from
@@ -39,12 +39,15 @@ class ServingResult:
     # the benchmark's other statistics over requests: {"ttft_ms" | "tpot_ms" | "e2el_ms": {"median", "p99"}}, and
     # over every inter-token gap of every request: {"itl_ms": {"mean", "median", "p99"}}
     percentiles: dict = field(default_factory=dict)
+    # vllm bench serve --goodput: {"slo_ms", "good_requests", "requests", "requests_per_s"}; {} without SLOs
+    goodput: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "output_tokens_per_s": self.output_tokens_per_s, "requests": self.requests,
                 "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
                 "steady_output_tokens_per_s": self.steady_output_tokens_per_s, "percentiles": self.percentiles,
+                **({"goodput": self.goodput} if self.goodput else {}),
                 "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
 
 
@@ -122,31 +125,47 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "request_rate": cfg.request_rate if cfg.open_loop else "inf",
         },
         memory=mem, steps=steps,
-        percentiles={**{name: _median_p99(1e3 * v) for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot),
-                                                                   ("e2el_ms", e2el))},
-                     "itl_ms": itl_stats(np.frombuffer(eng.itl_gaps), np.frombuffer(eng.itl_counts), 1e3)})
+        percentiles={**{name: _percentiles(1e3 * v, cfg.metric_percentiles)
+                        for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2el_ms", e2el))},
+                     "itl_ms": itl_stats(np.frombuffer(eng.itl_gaps), np.frombuffer(eng.itl_counts), 1e3,
+                                         cfg.metric_percentiles)},
+        goodput=goodput(cfg.goodput, {"ttft": ttft, "tpot": np.where(multi, tpot, 0.0), "e2el": e2el}, duration))
     if keep:
         res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
     return res
 
 
-def _median_p99(values: np.ndarray) -> dict:
-    """Median and 99th percentile over requests, as ``vllm bench serve`` reports them (numpy's linear
-    interpolation over the requests that have the metric; TPOT needs two output tokens)."""
+def _percentiles(values: np.ndarray, extra: tuple[float, ...] = ()) -> dict:
+    """Median, 99th percentile and any ``extra`` percentiles (named as the benchmark names them: p90, p99.9) over
+    requests, as ``vllm bench serve`` reports them (numpy's linear interpolation over the requests that have the
+    metric; TPOT needs two output tokens)."""
     v = values[np.isfinite(values)]
-    if not v.size:
-        return {"median": 0.0, "p99": 0.0}
-    return {"median": float(np.median(v)), "p99": float(np.percentile(v, 99))}
+    qs = {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
+    return {k: float(np.percentile(v, q)) if v.size else 0.0 for k, q in qs.items()}
 
 
-def itl_stats(gaps: np.ndarray, counts: np.ndarray, scale: float = 1.0) -> dict:
-    """Mean, median and 99th percentile of inter-token latencies given as distinct ``gaps``, each had by
-    ``counts`` tokens: what ``vllm bench serve`` computes over its flat list of every request's gaps (numpy's
-    linear interpolation), without expanding the list."""
+def goodput(slos: tuple[tuple[str, float], ...], per_request: dict[str, np.ndarray], duration_s: float) -> dict:
+    """vllm bench serve's --goodput over the requests: a request is good when each given SLO (ms) is at least its
+    metric (seconds in ``per_request``; TPOT 0 for a one-token output, as the benchmark takes it), and goodput is
+    the good requests over the benchmark's duration. {} without SLOs."""
+    if not slos:
+        return {}
+    good = np.ones(len(next(iter(per_request.values()))), dtype=bool)
+    for metric, ms in slos:
+        good &= ms / 1e3 >= per_request[metric]
+    return {"slo_ms": dict(slos), "good_requests": int(good.sum()), "requests": int(good.size),
+            "requests_per_s": float(good.sum()) / duration_s}
+
+
+def itl_stats(gaps: np.ndarray, counts: np.ndarray, scale: float = 1.0, extra: tuple[float, ...] = ()) -> dict:
+    """Mean, median, 99th percentile and any ``extra`` percentiles of inter-token latencies given as distinct
+    ``gaps``, each had by ``counts`` tokens: what ``vllm bench serve`` computes over its flat list of every
+    request's gaps (numpy's linear interpolation), without expanding the list."""
     keep = counts > 0
     g, c = gaps[keep], counts[keep]
+    qs = {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
     if not g.size:
-        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+        return {"mean": 0.0} | {k: 0.0 for k in qs}
     order = np.argsort(g, kind="stable")
     g, cum = g[order], np.cumsum(c[order])
     n = cum[-1]
@@ -156,7 +175,7 @@ def itl_stats(gaps: np.ndarray, counts: np.ndarray, scale: float = 1.0) -> dict:
         lo, hi = np.searchsorted(cum, [np.floor(pos), np.ceil(pos)], side="right")
         return float(g[lo] + (pos - np.floor(pos)) * (g[hi] - g[lo]))
 
-    return {"mean": scale * float(np.dot(g, c[order]) / n), "median": scale * at(50.0), "p99": scale * at(99.0)}
+    return {"mean": scale * float(np.dot(g, c[order]) / n)} | {k: scale * at(q) for k, q in qs.items()}
 
 
 def bounds(timer: StepTimer, st: EngineStats) -> dict:

@@ -233,6 +233,68 @@ def test_itl_in_the_report_mean_is_tpot_and_prefill_chunks_make_its_tail():
     assert short["p99"] < 1.5 * short["median"]  # short prompts: every gap about one decode step
 
 
+def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests():
+    """--goodput and --metric-percentiles as vllm bench serve computes them (its calculate_metrics, called here on
+    the simulated requests): a request is good when every given SLO holds (TPOT 0 for one-token outputs), goodput
+    is good requests over the benchmark's duration, and any percentile over requests is numpy's."""
+    pytest.importorskip("vllm")
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+    from vllm.benchmarks.serve import calculate_metrics
+
+    slo = {"ttft": 900.0, "tpot": 16.0}
+    qs = (50.0, 90.0, 99.9)
+    r = simulate(L8, "h100-sxm", 1, 2048, 128, ServingConfig(concurrency=32, num_prompts=96, goodput=tuple(slo.items()),
+                                                            metric_percentiles=qs), keep_requests=True)
+    pr = r.per_request
+    outs = [RequestFuncOutput(success=True, latency=e / 1e3, ttft=t / 1e3, output_tokens=128, prompt_len=2048)
+            for t, e in zip(pr["ttft_ms"], pr["e2el_ms"], strict=True)]
+    m, _ = calculate_metrics([], outs, r.duration_s, None, list(qs), dict(slo))
+    assert 0 < r.goodput["good_requests"] < r.requests  # a goodput that separates the requests
+    assert r.goodput["requests_per_s"] == pytest.approx(m.request_goodput, rel=1e-9)
+    assert r.goodput["slo_ms"] == slo
+    for key, theirs in (("ttft_ms", m.percentiles_ttft_ms), ("tpot_ms", m.percentiles_tpot_ms),
+                        ("e2el_ms", m.percentiles_e2el_ms)):
+        for q, v in theirs:
+            name = f"p{int(q)}" if int(q) == q else f"p{q}"
+            assert r.percentiles[key][name] == pytest.approx(v, rel=1e-9), (key, name)
+    assert r.percentiles["itl_ms"]["p99.9"] >= r.percentiles["itl_ms"]["p90"] >= r.percentiles["itl_ms"]["p50"]
+
+
+def test_goodput_and_percentile_flags_and_their_bad_values(capsys, tmp_path):
+    import json
+
+    base = ["simulate", "--model", L8, "--gpu", "h100-sxm", "--isl", "512", "--osl", "32", "--concurrency", "4"]
+    assert main([*base, "--goodput", "ttft:500", "e2el:2000", "--metric-percentiles", "25,75", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["goodput"]["slo_ms"] == {"ttft": 500.0, "e2el": 2000.0}
+    assert out["goodput"]["good_requests"] <= out["requests"]
+    assert {"p25", "p75", "median", "p99"} <= set(out["percentiles"]["ttft_ms"])
+    assert main([*base, "--goodput", "tpot:1000"]) == 0
+    assert "request goodput" in capsys.readouterr().out
+    for bad in (["--goodput", "ttft"], ["--goodput", "latency:10"], ["--goodput", "ttft:-1"], ["--goodput", "tpot:x"],
+                ["--goodput", "ttft:nan"], ["--metric-percentiles", "101"], ["--metric-percentiles", "5,,9"],
+                ["--metric-percentiles", "p99"]):
+        assert main([*base, *bad]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], (bad, err)
+    # a batch: the flag's SLOs for every row, or a row's own in its goodput cell; the goodput comes back
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,goodput\n"
+                   f"{L8},h100-sxm,1,512,32,4,bf16,\n{L8},h100-sxm,1,512,32,4,bf16,ttft:0.001\n")
+    dst = tmp_path / "out.csv"
+    assert main(["simulate", "--batch", str(src), "-o", str(dst), "--goodput", "ttft:100000"]) == 0
+    capsys.readouterr()
+    import csv
+
+    rows = list(csv.DictReader(dst.open()))
+    assert float(rows[0]["request_goodput"]) > 0 and float(rows[1]["request_goodput"]) == 0
+    src.write_text("model,gpu,tp,isl,osl,concurrency,precision,goodput\n"
+                   f"{L8},h100-sxm,1,512,32,4,bf16,ttft=5\n")
+    assert main(["simulate", "--batch", str(src), "-o", str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in.csv:2" in err[0]
+
+
 # ---- the simulated benchmark --------------------------------------------------------------------------------
 def test_api_server_defaults_per_device_and_release():
     old, new = VllmRelease(0, 24), VllmRelease(0, 32)

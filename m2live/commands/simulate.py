@@ -63,7 +63,14 @@ from ..hardware import GIB, GpuSpec, get_gpu
 from ..limits import FRONTEND_MS, KV_CACHE_GIB, RATE_RPS, TOKENIZE_US, digits
 from ..predictor import Predictor
 from ..quantization import KV_AUTO_HELP, kv_cache_dtype_of, model_kv_cache_dtype, precision_given, weights_for
-from ..serving_config import SWITCH_CHOICES, parse_switch, range_ratios, server_settings
+from ..serving_config import (
+    SWITCH_CHOICES,
+    goodput_slos,
+    metric_percentiles,
+    parse_switch,
+    range_ratios,
+    server_settings,
+)
 from ..shapes import get_model
 from ..simulate import (
     ServingConfig,
@@ -81,8 +88,9 @@ from .ops import add_calibration_flag
 BATCH_COLUMNS = ("model", "gpu", "tp", "isl", "osl", "concurrency", "precision")
 BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "allreduce_fusion", "request_rate",
                   "kv_cache_dtype", "num_gpu_blocks_override", "prefix_caching", "max_model_len", "vllm_version",
-                  "random_range_ratio", "num_prompts")
+                  "random_range_ratio", "num_prompts", "goodput")
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
+BATCH_GOODPUT = "request_goodput"  # the output column, only where a row or --goodput gives SLOs: good requests/s
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
@@ -128,6 +136,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'{\"input\": a, \"output\": b}' (default 0: every request exactly --isl in, --osl out)")
     p.add_argument("--seed", default="0", help="seed of the sampled lengths and of the --request-rate schedule, as "
                                                "the benchmark's --seed (default 0)")
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="the benchmark's --goodput: SLOs in ms (ttft, tpot, e2el) every one of which a request must "
+                        "meet to be good; reports the good requests per second over the benchmark's duration")
+    p.add_argument("--metric-percentiles", metavar="P,P,...",
+                   help="the benchmark's --metric-percentiles: percentiles of TTFT, TPOT, ITL and E2E to report "
+                        "beside the median and p99 (e.g. 90,99.9)")
     p.add_argument("--clock", default="forecast", choices=("forecast", "boost"),
                    help="SM clock (default: forecast from the power cap)")
     add_async_scheduling(p)
@@ -254,7 +268,9 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
             kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
             num_gpu_blocks: int | None = None, prefix_caching: bool | None = None,
             max_model_len: int | None = None, vllm_version: VllmRelease | None = None,
-            random_range_ratio: float | tuple[float, float] | None = None) -> ServingResult:
+            random_range_ratio: float | tuple[float, float] | None = None,
+            goodput: tuple[tuple[str, float], ...] | None = None,
+            metric_percentiles: tuple[float, ...] | None = None) -> ServingResult:
     weights = weights_for(precision, model)
     gpu, device_constants = _device(gpu_name, model, tp)
     constants = {"constants": device_constants}
@@ -272,7 +288,8 @@ def run_one(model: str, gpu_name: str, tp: int, isl: int, osl: int, concurrency:
                         **({} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}),
                         request_rate=request_rate, seed=seed, prefix_caching=prefix_caching is not False,
                         max_model_len=max_model_len, vllm_version=vllm_version,
-                        random_range_ratio=random_range_ratio or 0.0)
+                        random_range_ratio=random_range_ratio or 0.0, goodput=goodput or (),
+                        metric_percentiles=metric_percentiles or ())
     server = server_settings(cfg, gpu, tp)  # the predictor's graph size and fusion, as simulate settles them
     kv_cache_dtype, kv_why = model_kv_cache_dtype(kv_cache_dtype, model)
     key = (str(model), gpu.name, tp, weights.precision, weights.act_scale, server.cuda_graph_max_batch, cal_path,
@@ -349,7 +366,10 @@ def _flag_settings(args: argparse.Namespace) -> dict:
                 prefix_caching=parse_switch(args.prefix_caching, "--prefix-caching"),
                 max_model_len=_opt_int(args.max_model_len, "--max-model-len"),
                 vllm_version=release_arg(args.vllm_version),
-                random_range_ratio=_range_ratio(args.random_range_ratio))
+                random_range_ratio=_range_ratio(args.random_range_ratio),
+                goodput=None if args.goodput is None else goodput_slos(args.goodput),
+                metric_percentiles=None if args.metric_percentiles is None else metric_percentiles(
+                    args.metric_percentiles))
 
 
 def print_result(r: ServingResult) -> None:
@@ -372,6 +392,17 @@ def print_result(r: ServingResult) -> None:
     if "itl_ms" in pc:
         c.print("ITL (every gap between a request's successive tokens) mean / median / p99: "
                 f"{pc['itl_ms']['mean']:,.2f} / {pc['itl_ms']['median']:,.2f} / {pc['itl_ms']['p99']:,.2f} ms")
+    extra = [k for k in pc.get("ttft_ms", {}) if k not in ("median", "p99")]
+    if extra:
+        c.print("percentiles " + ", ".join(extra) + ": " + "; ".join(
+            f"{label} " + " / ".join(f"{pc[key][k]:,.{nd}f}" for k in extra) + " ms"
+            for label, key, nd in (("TTFT", "ttft_ms", 1), ("TPOT", "tpot_ms", 2), ("ITL", "itl_ms", 2),
+                                   ("E2E", "e2el_ms", 0))))
+    if r.goodput:
+        g = r.goodput
+        c.print(f"request goodput ({', '.join(f'{k} <= {v:g} ms' for k, v in g['slo_ms'].items())}): "
+                f"{g['requests_per_s']:,.3f} req/s — {g['good_requests']:,} of {g['requests']:,} requests "
+                f"({g['good_requests'] / g['requests']:.0%}) meet every SLO")
     if a.get("lengths"):
         ln = a["lengths"]
         c.print(f"lengths drawn as the benchmark's --random-range-ratio {ln['random_range_ratio']['input']:g}"
@@ -443,7 +474,7 @@ def run_batch(args: argparse.Namespace) -> int:
         raise SimulationError("--kv-cache-gib and --num-gpu-blocks-override each size the KV cache: give one")
     t0 = time.perf_counter()
     failed: list[str] = []  # rows that cannot run (a misfit, a layout vLLM refuses), each named on stderr
-    kept = [k for k in header if k not in (*BATCH_OUT, BATCH_ERROR, BATCH_NOTE)]  # the input's columns, echoed
+    kept = [k for k in header if k not in (*BATCH_OUT, BATCH_GOODPUT, BATCH_ERROR, BATCH_NOTE)]  # echoed
     # an input column named as one of ours (a measured run's ttft_ms) is kept beside ours, not overwritten
     renamed = _kept_as(header, rows)
     kept += list(renamed.values())
@@ -462,7 +493,9 @@ def run_batch(args: argparse.Namespace) -> int:
             out[BATCH_ERROR] = res
         out_rows.append(out)
     # blank cells where a row has none
-    fields = [*kept, *BATCH_OUT, *([BATCH_ERROR] if failed else []), *([BATCH_NOTE] if noted else [])]
+    slos = flags["goodput"] is not None or any(c.get("goodput") for _, c in parsed)
+    fields = [*kept, *BATCH_OUT, *([BATCH_GOODPUT] if slos else []), *([BATCH_ERROR] if failed else []),
+              *([BATCH_NOTE] if noted else [])]
     if args.output:
         with open(args.output, "w", newline="") as f:
             _write(f, fields, out_rows)
@@ -497,6 +530,8 @@ def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None
         return False, one_line(e)
     out = {"ttft_ms": f"{r.ttft_ms:.3f}", "tpot_ms": f"{r.tpot_ms:.4f}",
            "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"}
+    if r.goodput:
+        out[BATCH_GOODPUT] = f"{r.goodput['requests_per_s']:.4f}"
     if "utilization_raised_from" in r.memory:  # the cache at vLLM's default share held no whole request
         out[BATCH_NOTE] = r.memory["note"]
     return True, out
@@ -538,6 +573,7 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
                  max_model_len=_opt_int(row.get("max_model_len"), "max_model_len"),
                  vllm_version=release_arg(row.get("vllm_version"), "vllm_version"),
                  random_range_ratio=_range_ratio(row.get("random_range_ratio"), "random_range_ratio"),
+                 goodput=goodput_slos(row["goodput"], "goodput") if (row.get("goodput") or "").strip() else None,
                  num_prompts=_opt_int(row.get("num_prompts"), "num_prompts"))
     ServingConfig(concurrency=fields_[5], max_num_batched_tokens=cells["max_tokens"],
                   max_num_seqs=cells["max_seqs"], num_prompts=cells["num_prompts"])  # its bounds
