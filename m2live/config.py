@@ -85,6 +85,8 @@ class M2liveConfig:
     residual_window: int = option(256, "M2LIVE_RESIDUAL_WINDOW", "steps in the rolling residual statistics")
     queue_size: int = option(4096, "M2LIVE_QUEUE_SIZE", "bounded queues of the record thread and the trace writer "
                              "(drops are counted)")
+    mqtt_queue_size: int = option(1024, "M2LIVE_MQTT_QUEUE_SIZE", "records the MQTT publisher holds while the "
+                                  "broker is away (the oldest dropped beyond it, counted)")
     fault: str | None = option(None, "M2LIVE_FAULT", "test only: `predict` or `predict:N` makes the predictor raise "
                                "(every N-th step) to prove hook errors are contained")
     device_scale: float = option(1.0, "M2LIVE_DEVICE_SCALE", "test only: multiplies the device's FLOP/s and "
@@ -168,6 +170,7 @@ class M2liveConfig:
         L.SAMPLE_MS.check(self.sample_ms, "M2LIVE_SAMPLE_MS", ConfigError)
         L.RESIDUAL_WINDOW.check(self.residual_window, "M2LIVE_RESIDUAL_WINDOW", ConfigError)
         L.QUEUE_SIZE.check(self.queue_size, "M2LIVE_QUEUE_SIZE", ConfigError)
+        L.QUEUE_SIZE.check(self.mqtt_queue_size, "M2LIVE_MQTT_QUEUE_SIZE", ConfigError)
         if self.gpu_index is not None:
             L.GPU_INDEX.check(self.gpu_index, "M2LIVE_GPU_INDEX", ConfigError)
         if self.mqtt_url is not None and not self.mqtt_url.startswith(("mqtt://", "mqtts://", "tcp://")):

@@ -129,7 +129,8 @@ def goodput_slos(slos: object, what: str = "--goodput") -> tuple[tuple[str, floa
     """vllm bench serve's --goodput SLOs as ((metric, ms), ...): ``KEY:VALUE`` texts (a list, or one text of them
     separated by spaces: a batch cell) or (metric, ms) pairs; each metric ttft, tpot or e2el, each value a number
     of ms >= 0; a metric given twice keeps its last value (as the benchmark's dict does). One line otherwise."""
-    items = str(slos).split() if isinstance(slos, str) else list(slos or ())
+    items = str(slos).split() if isinstance(slos, str) else list(slos) if isinstance(slos, list | tuple) else \
+        [] if slos is None else [slos]
     if not items:
         raise SimulationError(f"{what} needs KEY:VALUE pairs (ttft, tpot or e2el, in ms), got none")
     out: dict[str, float] = {}
@@ -152,7 +153,8 @@ def goodput_slos(slos: object, what: str = "--goodput") -> tuple[tuple[str, floa
 def metric_percentiles(qs: object, what: str = "--metric-percentiles") -> tuple[float, ...]:
     """vllm bench serve's --metric-percentiles: percentiles in [0, 100], as comma-separated text ("50,90,99") or
     numbers; one line otherwise."""
-    items = str(qs).split(",") if isinstance(qs, str) else list(qs or ())
+    items = str(qs).split(",") if isinstance(qs, str) else list(qs) if isinstance(qs, list | tuple) else \
+        [] if qs is None else [qs]
     if not items:
         raise SimulationError(f"{what} needs percentiles in [0, 100], got none")
     return tuple(float((PERCENTILE.parse if isinstance(q, str) else PERCENTILE.check)(q, what, SimulationError))
@@ -160,8 +162,8 @@ def metric_percentiles(qs: object, what: str = "--metric-percentiles") -> tuple[
 
 
 def percentile_name(q: float) -> str:
-    """The benchmark's name of a percentile: p99, p99.9 (its p_word)."""
-    return f"p{int(q)}" if int(q) == q else f"p{q:g}"
+    """The benchmark's name of a percentile: p99, p99.9 (its p_word: the number as Python writes it)."""
+    return f"p{int(q)}" if int(q) == q else f"p{q}"
 
 
 @dataclass(frozen=True)

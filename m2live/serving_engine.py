@@ -118,6 +118,7 @@ class Engine:
         # tokens), kept as (gap, how many tokens had it): a run of pure-decode steps adds one gap per step
         self.itl_gaps = array("d")
         self.itl_counts = array("d")
+        self.itl_by_request: list[list[float]] | None = None  # each request's gaps in order, when asked for
         self.running: list[int] = []  # admission order
         self.waiting: deque[int] = deque()
         self.arrivals: list[tuple[float, int]] = []  # (engine arrival time, request) heap
@@ -339,6 +340,9 @@ class Engine:
         self.t_first[first] = self.t
         later = sampled[self.outputs[sampled] > 1]
         self._itl(self.t - self.t_last[later], 1.0)
+        if self.itl_by_request is not None:
+            for i in later.tolist():
+                self.itl_by_request[i].append(self.t - float(self.t_last[i]))
         self.t_last[sampled] = self.t
         for i in sampled[self.outputs[sampled] >= self.out_len[sampled]].tolist():
             self.running.remove(i)
@@ -441,6 +445,10 @@ class Engine:
         self.outputs[ra] += k
         self._itl(ends[0] - self.t_last[ra], 1.0)  # each request's gap since its own last token
         self._itl(dts[1:k], float(B))  # then every request's gap is the step
+        if self.itl_by_request is not None:
+            rest = dts[1:k].tolist()
+            for i in ra.tolist():
+                self.itl_by_request[i] += [float(ends[0] - self.t_last[i]), *rest]
         self.t_last[ra] = self.t
         newb = (self.computed[ra] + self.bs - 1) // self.bs
         self._alloc(int(newb.sum()) - held)

@@ -132,6 +132,8 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         goodput=goodput(cfg.goodput, {"ttft": ttft, "tpot": np.where(multi, tpot, 0.0), "e2el": e2el}, duration))
     if keep:
         res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
+        if eng.itl_by_request is not None:  # each request's gaps between its tokens, in order
+            res.per_request["itl_ms"] = [1e3 * np.asarray(g) for g in eng.itl_by_request]
     return res
 
 

@@ -158,6 +158,8 @@ def simulate(model: ModelShape | str, gpu: GpuSpec | str, tp: int, isl: int | Se
                  tokenize_s_per_token=cfg.tokenize_s_per_token,
                  send_at=send_schedule(n, cfg.request_rate, cfg.seed) if cfg.open_loop else None,
                  prefix_caching=cfg.prefix_caching)
+    if keep_requests:
+        eng.itl_by_request = [[] for _ in range(n)]
     eng.run()
     res = summarize(eng, timer, cfg, spec, tp, precision, max_tokens, max_seqs, graphs, async_sched, mem,
                     kv_tokens, bs, keep_requests, model_len)

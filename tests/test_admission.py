@@ -230,6 +230,31 @@ def test_long_late_stretch_falls_back_and_empty_steps_do_not_count(predictor: Pr
     assert not d.fallback and not d.flagged
 
 
+def test_a_record_counts_as_flagged_only_a_decision_that_found_no_budget(predictor: Predictor) -> None:
+    """``admission_flagged`` (m2live_admission_flagged_total, the M2liveSLOInfeasible alert) means that no budget
+    met the SLO: a fallback because the correction is not yet trusted is flagged by the controller but never
+    looked, so its record is not; a fallback after a stretch of late decisions is."""
+    from m2live.record import build_record
+
+    light = QueueView([500] * 4, [], [200], LIMIT_TOKENS, LIMIT_SEQS)
+    heavy = QueueView([30000] * 200, [(4000, 100)], [500] * 10, LIMIT_TOKENS, LIMIT_SEQS)
+
+    def flagged(d: Decision, view: QueueView) -> bool:
+        step = Step([(1, c) for c in view.decode_contexts])
+        p = predictor.predict(step, f_clk=1.0)
+        return build_record(index=0, time=0.0, engine="0", gpu=p.gpu, model=p.model, boost_mhz=1980.0, step=step,
+                            prediction=p, corrected_s=p.total_s, measured_s=p.total_s, clock_source="nvml",
+                            decision=d, slo_s=0.5).admission_flagged
+
+    untrusted = AdmissionController(predictor, ResidualTracker(), slo_s=0.5)  # a correction with no steps yet
+    d = untrusted.decide(light, 1.0)
+    assert d.fallback and d.flagged and d.trusted is False and not flagged(d, light)
+    late = AdmissionController(predictor, None, slo_s=0.005, fallback_after=2)
+    for _ in range(3):
+        d = late.decide(heavy, 1.0)
+    assert d.fallback and d.trusted and flagged(d, heavy)
+
+
 def test_idle_engine_still_makes_progress_when_nothing_fits(predictor: Predictor) -> None:
     """Nothing running and an SLO below any step: admit one request in a minimal chunk (flagged)."""
     c = AdmissionController(predictor, None, slo_s=1e-6, min_chunk=16)

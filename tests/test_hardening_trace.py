@@ -69,7 +69,7 @@ def test_the_monitor_exports_trace_errors_and_drops(tmp_path):
         mon.trace.close()  # drains the trace queue: every record is written or counted
         c = mon.counters()
         assert c["trace_dropped_total"] == 5 and c["trace_errors_total"] >= 1
-        assert c["exporter_errors_total"] >= 1
+        assert c["exporter_errors_total"] == 0  # counted once, as the trace's (an alert per kind of error)
     finally:
         mon.close()
 

@@ -183,16 +183,20 @@ def test_itl_statistics_are_numpys_over_the_expanded_gaps():
     from m2live.serving_metrics import itl_stats
 
     rng = np.random.default_rng(7)
+    qs = (0.0, 12.5, 90.0, 99.9, 100.0)
     for n in (1, 2, 5, 40, 300):
         gaps = rng.choice([0.5, 1.0, 1.5, 7.0], n) if n > 2 else rng.random(n)
         gaps = np.where(rng.random(n) < 0.3, rng.random(n) * 20, gaps)
-        counts = rng.integers(0, 50, n).astype(float)
+        counts = rng.integers(0, 50, n).astype(float) if n != 5 else np.full(n, 3.0)  # equal counts too
         counts[0] = max(counts[0], 1.0)
         flat = np.repeat(gaps, counts.astype(int))
-        got = itl_stats(gaps, counts, 1e3)
+        got = itl_stats(gaps, counts, 1e3, qs)
         assert got["mean"] == pytest.approx(1e3 * flat.mean(), rel=1e-12)
         assert got["median"] == pytest.approx(1e3 * np.percentile(flat, 50), rel=1e-12)
         assert got["p99"] == pytest.approx(1e3 * np.percentile(flat, 99), rel=1e-12)
+        for q in qs:
+            name = f"p{int(q)}" if int(q) == q else f"p{q}"
+            assert got[name] == pytest.approx(1e3 * np.percentile(flat, q), rel=1e-12), (n, q)
     assert itl_stats(np.array([]), np.array([])) == {"mean": 0.0, "median": 0.0, "p99": 0.0}
 
 
@@ -200,6 +204,7 @@ def test_every_token_after_the_first_adds_one_gap_and_the_gaps_add_up():
     """Each request's gaps sum to its last token's time less its first's, and it has one gap per token after the
     first — with preemptions (a recompute's gap spans its wait) and with runs of decode steps advanced at once,
     which give the same gaps as stepping."""
+    from m2live.serving_config import send_schedule
     from m2live.serving_metrics import itl_stats
 
     prompts, outputs = [300, 20, 77, 150, 40, 500] * 3, [40, 90, 17, 60, 33, 25] * 3
@@ -207,17 +212,28 @@ def test_every_token_after_the_first_adds_one_gap_and_the_gaps_add_up():
     def timer(pre, n, ctx):  # mixed steps slower, the step growing with its decodes
         return 1.0 + 0.05 * n + (2.0 if pre else 0.0)
 
-    for blocks in (400, 40):
+    cases = [{"kv_blocks": 400}, {"kv_blocks": 40},
+             # async scheduling, the API server's path and an open loop: arrivals cut decode runs short
+             {"kv_blocks": 60, "async_scheduling": True, "frontend_s": 0.7, "frontend_service_s": 0.3,
+              "send_at": send_schedule(len(prompts), 0.05, seed=1)}]
+    for case in cases:
+        blocks = case["kv_blocks"]
         engines = []
         for ff in (False, True):
-            eng = Engine(timer, np.array(prompts), np.array(outputs), 4, 128, 8, blocks, fast_forward=ff)
+            eng = Engine(timer, np.array(prompts), np.array(outputs), 4, 128, 8, fast_forward=ff, **case)
+            eng.itl_by_request = [[] for _ in prompts]
             eng.run()
+            per = eng.itl_by_request
+            assert [len(g) for g in per] == [o - 1 for o in outputs]
+            np.testing.assert_allclose([sum(g) for g in per], eng.t_fin - eng.t_first, rtol=1e-12)
             gaps, counts = np.frombuffer(eng.itl_gaps), np.frombuffer(eng.itl_counts)
             assert counts.sum() == (eng.out_len - 1).sum()
             assert np.dot(gaps, counts) == pytest.approx((eng.t_fin - eng.t_first).sum(), rel=1e-12)
             assert gaps.min() >= 1.0  # no gap shorter than a step
-            engines.append(itl_stats(gaps, counts))
-        assert engines[0] == pytest.approx(engines[1], rel=1e-12)
+            engines.append((itl_stats(gaps, counts), per))
+        assert engines[0][0] == pytest.approx(engines[1][0], rel=1e-12)
+        for stepped, advanced in zip(engines[0][1], engines[1][1], strict=True):  # request by request, in order
+            np.testing.assert_allclose(advanced, stepped, rtol=1e-12)
         if blocks == 40:
             assert eng.st.preemptions > 0
 
@@ -242,22 +258,26 @@ def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests
     from vllm.benchmarks.serve import calculate_metrics
 
     slo = {"ttft": 900.0, "tpot": 16.0}
-    qs = (50.0, 90.0, 99.9)
-    r = simulate(L8, "h100-sxm", 1, 2048, 128, ServingConfig(concurrency=32, num_prompts=96, goodput=tuple(slo.items()),
+    qs = (0.0, 50.0, 90.0, 99.9, 100.0)
+    osl = [128, 1, 40]  # cycled over the requests: one-token outputs have TPOT 0 for the goodput
+    r = simulate(L8, "h100-sxm", 1, 2048, osl, ServingConfig(concurrency=32, num_prompts=96, goodput=tuple(slo.items()),
                                                             metric_percentiles=qs), keep_requests=True)
     pr = r.per_request
-    outs = [RequestFuncOutput(success=True, latency=e / 1e3, ttft=t / 1e3, output_tokens=128, prompt_len=2048)
-            for t, e in zip(pr["ttft_ms"], pr["e2el_ms"], strict=True)]
+    outs = [RequestFuncOutput(success=True, latency=e / 1e3, ttft=t / 1e3, output_tokens=osl[i % 3], prompt_len=2048,
+                              itl=list(g / 1e3))
+            for i, (t, e, g) in enumerate(zip(pr["ttft_ms"], pr["e2el_ms"], pr["itl_ms"], strict=True))]
+    assert [len(g) for g in pr["itl_ms"]] == [osl[i % 3] - 1 for i in range(96)]
     m, _ = calculate_metrics([], outs, r.duration_s, None, list(qs), dict(slo))
     assert 0 < r.goodput["good_requests"] < r.requests  # a goodput that separates the requests
     assert r.goodput["requests_per_s"] == pytest.approx(m.request_goodput, rel=1e-9)
     assert r.goodput["slo_ms"] == slo
     for key, theirs in (("ttft_ms", m.percentiles_ttft_ms), ("tpot_ms", m.percentiles_tpot_ms),
-                        ("e2el_ms", m.percentiles_e2el_ms)):
+                        ("e2el_ms", m.percentiles_e2el_ms), ("itl_ms", m.percentiles_itl_ms)):
         for q, v in theirs:
             name = f"p{int(q)}" if int(q) == q else f"p{q}"
             assert r.percentiles[key][name] == pytest.approx(v, rel=1e-9), (key, name)
-    assert r.percentiles["itl_ms"]["p99.9"] >= r.percentiles["itl_ms"]["p90"] >= r.percentiles["itl_ms"]["p50"]
+    assert r.percentiles["itl_ms"]["mean"] == pytest.approx(m.mean_itl_ms, rel=1e-9)
+    assert r.percentiles["itl_ms"]["median"] == pytest.approx(m.median_itl_ms, rel=1e-9)
 
 
 def test_goodput_and_percentile_flags_and_their_bad_values(capsys, tmp_path):

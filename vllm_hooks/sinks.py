@@ -37,8 +37,7 @@ class TraceSink(TraceWriter):
         pass  # the writer thread writes every ``flush_s``; close() drains
 
     def sink_counters(self) -> dict[str, float]:
-        return {"trace_dropped_total": float(self.dropped), "trace_errors_total": float(self.errors),
-                "exporter_errors_total": float(self.errors)}
+        return {"trace_dropped_total": float(self.dropped), "trace_errors_total": float(self.errors)}
 
 
 def env_sinks(mon: LiveMonitor, exporters: bool = True) -> list[Any]:
@@ -74,6 +73,7 @@ def env_sinks(mon: LiveMonitor, exporters: bool = True) -> list[Any]:
             from exporters.mqtt import MqttPublisher
 
             pub = MqttPublisher(cfg.mqtt_url, cfg.mqtt_instance or f"m2live-{mon.engine}",
+                                queue_size=cfg.mqtt_queue_size,
                                 on_control=mon.on_control if cfg.mqtt_control else None,
                                 control_retained=cfg.mqtt_control_retained, username=cfg.mqtt_username,
                                 password=cfg.mqtt_password, tls_ca=cfg.mqtt_tls_ca, tls_cert=cfg.mqtt_tls_cert,

@@ -581,11 +581,11 @@ def _batch_row(row: dict) -> tuple[tuple, dict]:
 
 
 def _kept_as(header: list[str], rows: list[dict]) -> dict[str, str]:
-    """Input columns named as the batch's output columns (``BATCH_OUT``: a measured run's ``ttft_ms``, a previous
+    """Input columns named as the batch's output columns (``BATCH_OUT``, ``BATCH_GOODPUT``: a measured run's ``ttft_ms``, a previous
     run's output) that hold any value: each is echoed as ``input_<name>`` (``input_`` again while that is taken),
     so the rows' own figures are kept beside the simulated ones."""
     renamed: dict[str, str] = {}
-    for name in BATCH_OUT:
+    for name in (*BATCH_OUT, BATCH_GOODPUT):
         if name in header and any((row.get(name) or "").strip() for row in rows):
             new = f"input_{name}"
             while new in header or new in renamed.values():
