@@ -41,12 +41,16 @@ class ServingResult:
     percentiles: dict = field(default_factory=dict)
     # vllm bench serve --goodput: {"slo_ms", "good_requests", "requests", "requests_per_s"}; {} without SLOs
     goodput: dict = field(default_factory=dict)
+    request_throughput: float = 0.0  # requests / duration (the benchmark's "Request throughput (req/s)")
+    total_token_throughput: float = 0.0  # (prompt + output tokens) / duration ("Total token throughput (tok/s)")
 
     def to_dict(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "output_tokens_per_s": self.output_tokens_per_s, "requests": self.requests,
                 "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
-                "steady_output_tokens_per_s": self.steady_output_tokens_per_s, "percentiles": self.percentiles,
+                "steady_output_tokens_per_s": self.steady_output_tokens_per_s,
+                "request_throughput": self.request_throughput, "total_token_throughput": self.total_token_throughput,
+                "percentiles": self.percentiles,
                 **({"goodput": self.goodput} if self.goodput else {}),
                 "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
 
@@ -89,6 +93,8 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
     res = ServingResult(
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
         output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
+        request_throughput=eng.n / duration,
+        total_token_throughput=float(eng.prompt.sum() + eng.out_len.sum()) / duration,
         mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
         assumptions={
             "engine": f"vLLM V1 Scheduler, OpenAI API server defaults of vLLM {cfg.release(spec)}",

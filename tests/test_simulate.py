@@ -250,9 +250,10 @@ def test_itl_in_the_report_mean_is_tpot_and_prefill_chunks_make_its_tail():
 
 
 def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests():
-    """--goodput and --metric-percentiles as vllm bench serve computes them (its calculate_metrics, called here on
-    the simulated requests): a request is good when every given SLO holds (TPOT 0 for one-token outputs), goodput
-    is good requests over the benchmark's duration, and any percentile over requests is numpy's."""
+    """--goodput, --metric-percentiles, ITL and the throughputs as vllm bench serve computes them (its
+    calculate_metrics, called here on the simulated requests and their gaps): a request is good when every given
+    SLO holds (TPOT 0 for one-token outputs), goodput is good requests over the benchmark's duration, and any
+    percentile over requests, or over every gap, is numpy's."""
     pytest.importorskip("vllm")
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
     from vllm.benchmarks.serve import calculate_metrics
@@ -271,6 +272,9 @@ def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests
     assert 0 < r.goodput["good_requests"] < r.requests  # a goodput that separates the requests
     assert r.goodput["requests_per_s"] == pytest.approx(m.request_goodput, rel=1e-9)
     assert r.goodput["slo_ms"] == slo
+    assert r.request_throughput == pytest.approx(m.request_throughput, rel=1e-9)
+    assert r.total_token_throughput == pytest.approx(m.total_token_throughput, rel=1e-9)
+    assert r.output_tokens_per_s == pytest.approx(m.output_throughput, rel=1e-9)
     for key, theirs in (("ttft_ms", m.percentiles_ttft_ms), ("tpot_ms", m.percentiles_tpot_ms),
                         ("e2el_ms", m.percentiles_e2el_ms), ("itl_ms", m.percentiles_itl_ms)):
         for q, v in theirs:

@@ -379,10 +379,10 @@ def print_result(r: ServingResult) -> None:
             + f" x{a['tp']} {a['weights']['precision']} — concurrency {a['concurrency']}, {a['num_prompts']} requests"
             + ("" if a["weights"]["why"].startswith("--") else f" ({a['weights']['why']})"))
     t = Table(title="what vLLM's serving benchmark would report (means over all requests)")
-    for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "duration s"):
+    for col in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms", "output tok/s", "total tok/s", "req/s", "duration s"):
         t.add_column(col, justify="right")
     t.add_row(f"{r.ttft_ms:,.1f}", f"{r.tpot_ms:,.2f}", f"{r.mean_e2el_ms:,.0f}", f"{r.output_tokens_per_s:,.0f}",
-              f"{r.duration_s:,.1f}")
+              f"{r.total_token_throughput:,.0f}", f"{r.request_throughput:,.2f}", f"{r.duration_s:,.1f}")
     c.print(t)
     pc = r.percentiles
     if pc:
