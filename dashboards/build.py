@@ -127,6 +127,10 @@ PANELS: list[tuple] = [
         _t(f"sum by (engine) (rate(m2live_slo_violations_total{{{SEL}}}[{RI}]))", "violations/s {{engine}}"),
         _t(f"sum by (engine) (rate(m2live_admission_flagged_total{{{SEL}}}[{RI}]))", "flagged/s {{engine}}"),
     ], 12, {}),
+    ("SLO capacity — requests in a step vs the most the SLO allows", "timeseries", "short", [
+        _t(f"m2live_step_last_seqs{{{SEL}}}", "requests in the latest step {{engine}}"),
+        _t(f"m2live_capacity_seqs{{{SEL}}}", "capacity within the SLO {{engine}}"),
+    ], 12, {}),
     ("row", "Plugin health"),
     ("Hook overhead per step", "timeseries", "s", [
         _t(_mean("m2live_hook_overhead_seconds"), "mean {{engine}}"),

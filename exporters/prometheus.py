@@ -113,6 +113,11 @@ _GAUGES: dict[str, tuple[str, Callable[[StepRecord], float | None]]] = {
     "slo_seconds": ("Step-latency SLO in force (s); absent when admission is off.", lambda r: r.slo_s),
     "step_last_predicted_seconds": ("Mechanistic prediction of the latest step (s).", lambda r: r.predicted_s),
     "step_last_measured_seconds": ("Measured time of the latest step (s).", lambda r: r.measured_s),
+    "step_last_seqs": ("Requests in the latest step (decoding and prefilling).",
+                       lambda r: r.num_decode_seqs + r.num_prefill_seqs),
+    "capacity_seqs": ("Requests that could decode together within the SLO at the latest decode context "
+                      "(predicted, corrected, at most max_num_seqs: the admission controller's rule); absent without "
+                      "an SLO.", lambda r: r.capacity_seqs),
 }
 
 

@@ -339,6 +339,36 @@ class AdmissionController:
         return self._done(lo, t_lo, running, limit_seqs, flagged=False, evals=evals)
 
     # ---- helpers --------------------------------------------------------------------------------------
+    def capacity(self, context: int, limit_seqs: int, f_clk: float | None = None) -> int | None:
+        """The most requests that can decode together, each with ``context`` tokens cached, in a step whose
+        corrected upper prediction (the rule every decision plans with) stays within the SLO's target — at most
+        ``limit_seqs`` (vLLM's max_num_seqs), 0 when not even one fits; None with no SLO in force. A decode-only
+        step: the engine's steady state between prompts. ``f_clk``: the live clock (MHz or a ratio), else the
+        power-cap forecast. At most ~log2(limit_seqs) + 2 predictions (bisection; the step grows with its
+        sequences)."""
+        target = self.target_s
+        if target is None or limit_seqs < 1:
+            return None
+        f_live = self._clock_ratio(f_clk)
+        ctx = max(1, int(context))
+
+        def fits(n: int) -> bool:
+            step = Step.build((), [ctx] * n)
+            return self._corrected(step, self._step_clock(step, f_live)) <= target
+
+        if not fits(1):
+            return 0
+        lo, hi = 1, int(limit_seqs)
+        if fits(hi):
+            return hi
+        while hi - lo > 1:  # fits(lo), not fits(hi)
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
     def _clock_ratio(self, f_clk: float | None) -> float | None:
         return None if f_clk is None else clock_as_ratio(f_clk, self.predictor.gpu.boost_mhz)
 

@@ -51,6 +51,9 @@ class StepRecord:
     slo_violation: bool | None = None
     admission_flagged: bool | None = None  # no budget could meet the SLO (decodes ran anyway)
     hook_overhead_s: float | None = None  # time spent in m2live code for this step
+    # requests that could decode together within the SLO at the latest decode context (the admission controller's
+    # rule: AdmissionController.capacity, at most max_num_seqs); None with no SLO in force
+    capacity_seqs: int | None = None
 
     @property
     def residual_ratio(self) -> float | None:
@@ -72,7 +75,7 @@ def build_record(*, index: int, time: float, engine: str, gpu: str, model: str, 
                  prediction: Prediction, corrected_s: float, measured_s: float, clock_source: str,
                  reading: ClockReading | None = None, clock_age_s: float | None = None, decision: Any = None,
                  slo_s: float | None = None, slo_violation: bool | None = None,
-                 hook_overhead_s: float | None = None) -> StepRecord:
+                 hook_overhead_s: float | None = None, capacity_seqs: int | None = None) -> StepRecord:
     """The record of one measured step: its shape (``step``), the prediction made for it with the clock read
     when it was scheduled (``reading``, None: the forecast), the correction, the measurement and the admission
     ``decision`` it ran under (``m2live.admission.Decision`` or None)."""
@@ -93,6 +96,7 @@ def build_record(*, index: int, time: float, engine: str, gpu: str, model: str, 
         # no budget met the SLO: a decision that found none (a fallback while the correction is not trusted is
         # flagged too, but it never looked)
         admission_flagged=(d.flagged and d.trusted is not False) if d else None, hook_overhead_s=hook_overhead_s,
+        capacity_seqs=capacity_seqs,
     )
 
 

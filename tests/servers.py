@@ -355,5 +355,5 @@ def step_records(n: int = 20, *, engine: str = "0", gpu: str = GPU, model: str =
             token_budget=None if slo_s is None else 2048 - 64 * (i % 8),
             max_active=None if slo_s is None else 64 - i % 4, slo_s=slo_s,
             slo_violation=None if slo_s is None else measured > slo_s, admission_flagged=i % 9 == 4,
-            hook_overhead_s=40e-6 + 5e-6 * (i % 4)))
+            hook_overhead_s=40e-6 + 5e-6 * (i % 4), capacity_seqs=None if slo_s is None else 48 - i % 5))
     return out

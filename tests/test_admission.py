@@ -255,6 +255,33 @@ def test_a_record_counts_as_flagged_only_a_decision_that_found_no_budget(predict
     assert d.fallback and d.trusted and flagged(d, heavy)
 
 
+def test_slo_capacity_is_the_most_decodes_the_slo_allows(predictor: Predictor) -> None:
+    """AdmissionController.capacity: the largest decode-only step whose corrected prediction meets the SLO's
+    target (a linear scan agrees), capped by max_num_seqs, 0 when one request is too slow, None without an SLO;
+    more with a looser SLO or a shorter context, fewer at a lower clock."""
+    c = AdmissionController(predictor, None, slo_s=0.012)
+
+    def scan(ctx: int, limit: int, f: float | None = None) -> int:
+        best = 0
+        for n in range(1, limit + 1):
+            step = Step.build((), [ctx] * n)
+            if c._corrected(step, c._step_clock(step, f)) <= c.target_s:
+                best = n
+        return best
+
+    got = c.capacity(2000, 160, 1.0)
+    assert 1 < got < 160 and got == scan(2000, 160, 1.0)
+    assert c.capacity(2000, 8, 1.0) == 8  # capped by max_num_seqs
+    assert c.capacity(500, 160, 1.0) >= got >= c.capacity(8000, 160, 1.0)
+    assert c.capacity(2000, 160, 0.6) <= got  # a throttled clock: slower steps
+    c.set_slo(0.030)
+    assert c.capacity(2000, 160, 1.0) >= got
+    c.set_slo(1e-5)
+    assert c.capacity(2000, 160, 1.0) == 0
+    c.set_slo(None)
+    assert c.capacity(2000, 160, 1.0) is None
+
+
 def test_idle_engine_still_makes_progress_when_nothing_fits(predictor: Predictor) -> None:
     """Nothing running and an SLO below any step: admit one request in a minimal chunk (flagged)."""
     c = AdmissionController(predictor, None, slo_s=1e-6, min_chunk=16)

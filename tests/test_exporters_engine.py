@@ -204,6 +204,8 @@ def test_engine_exports_to_real_prometheus_and_mosquitto(engine_lock, tiny_model
         assert prom.query(f'm2live_slo_seconds{{engine="{mon.engine}"}}')[0]["value"][1] == str(SLO_MS_LIVE / 1e3)
         import vllm
 
+        caps = [float(c["value"][1]) for c in prom.query("m2live_capacity_seqs")]  # the SLO's capacity, priced
+        assert len(caps) == 1 and 0 <= caps[0] <= 16, caps  # at most the engine's max_num_seqs
         build = prom.query("m2live_build_info")
         assert [b["metric"]["vllm_version"] for b in build] == [vllm.__version__]
         assert float(prom.query("sum(m2live_mqtt_dropped_total)")[0]["value"][1]) > 0

@@ -86,7 +86,8 @@ def test_every_metric_is_exported_with_the_records_values():
                         ("admission_token_budget", last.token_budget),
                         ("admission_max_active", last.max_active), ("slo_seconds", last.slo_s),
                         ("step_last_predicted_seconds", last.predicted_s),
-                        ("step_last_measured_seconds", last.measured_s)):
+                        ("step_last_measured_seconds", last.measured_s), ("capacity_seqs", last.capacity_seqs),
+                        ("step_last_seqs", last.num_decode_seqs + last.num_prefill_seqs)):
             assert g(f"m2live_{name}", L) == pytest.approx(v), name
         assert g("m2live_sm_clock_boost_mhz", L) == 1980.0  # H100 SXM boost clock (datasheet)
         assert g("m2live_clock_source_info", {**L, "source": "nvml"}) == 1.0

@@ -180,6 +180,39 @@ def test_monitor_predicts_with_live_clock_and_pairs_async_steps(tmp_path):
     assert mon.hook_errors == 0 and mon.steps == 6
 
 
+def test_records_carry_the_slo_capacity_where_an_slo_is_in_force(tmp_path):
+    """With an SLO, every record from the first decode on says how many requests could decode together within it
+    (the admission controller's rule at the step's decode context and clock, at most max_num_seqs); without one,
+    nothing. An SLO changed over MQTT is re-priced at once."""
+    from m2live import Step
+    from m2live.trace import read_trace
+
+    for slo, want in (("3", "some"), (None, None)):
+        d = tmp_path / f"slo{slo}"
+        d.mkdir()
+        mon = _monitor(d, **({"M2LIVE_SLO_MS": slo} if slo else {}))
+        try:
+            steps = [Step.build([64], [])] + [Step.build([], [300 + i] * 8) for i in range(6)]
+            for i, st in enumerate(steps):
+                if i == 4 and slo:
+                    mon.on_control({"slo_ms": 2000})  # loose enough for max_num_seqs
+                mon.before_schedule(None, (4096, 512))
+                o = _Out(st)
+                mon.on_schedule(None, o)
+                time.sleep(0.005)
+                mon.on_update(o)
+                assert mon.flush()
+        finally:
+            mon.close()
+        caps = [r["capacity_seqs"] for r in read_trace(d / "t.jsonl")]
+        if want is None:
+            assert caps == [None] * 7
+        else:
+            assert caps[0] is None  # no decode context yet
+            assert all(isinstance(c, int) and 0 <= c < 512 for c in caps[1:4]), caps  # a 3 ms SLO binds
+            assert caps[4:] == [512] * 3, caps  # the looser SLO, priced at once: max_num_seqs
+
+
 def test_monitor_contains_errors_and_takes_control(tmp_path):
     from m2live import Step
 

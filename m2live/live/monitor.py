@@ -188,6 +188,7 @@ class LiveMonitor:
         self._t_start, self._ovh_start, self._decision = t0, self._ovh_total, None
         budget = None
         try:
+            self.recorder.max_seqs = int(limits[1])  # the SLO capacity's ceiling (the record thread reads it)
             if self._queue_view is not None and self.control.active:
                 reading = self._fresh_reading()[0]
                 budget, d, slo_s = self.control.decide(self._queue_view(scheduler),

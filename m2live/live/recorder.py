@@ -23,6 +23,8 @@ from ..workqueue import DropOldestQueue
 from .control import SloControl
 from .device import Device
 
+CAPACITY_EVERY_S = 1.0  # how often the record thread re-prices the SLO capacity
+
 
 class Pending:
     """One scheduled step, from ``on_schedule`` (what ran, the clock) to the record thread (measured)."""
@@ -57,6 +59,10 @@ class Recorder:
         self.record_times: deque[float] = deque(maxlen=100_000)  # per-step time on the record thread (s)
         self.step_times: deque[float] = deque(maxlen=100_000)  # per-step measured time (s)
         self._work: DropOldestQueue[Pending] = DropOldestQueue(max(64, queue_size))
+        # the SLO capacity (AdmissionController.capacity), recomputed at most every CAPACITY_EVERY_S on this thread
+        self.max_seqs = 0  # vLLM's max_num_seqs, as the scheduler hook last passed it
+        self._context: int | None = None  # mean cached tokens of the latest step's decoding requests
+        self._capacity: tuple[float, float | None, int | None] = (-CAPACITY_EVERY_S, None, None)  # (when, SLO, value)
         self._thread = threading.Thread(target=self._loop, name="m2live-record", daemon=True)
 
     @property
@@ -98,6 +104,23 @@ class Recorder:
                 self.record_times.append(time.perf_counter() - t0)
                 self._work.done(1)
 
+    def _slo_capacity(self, p: Pending, step: Step) -> int | None:
+        """The requests that could decode together within the SLO in force at the latest decode context, recomputed
+        when the SLO changes or CAPACITY_EVERY_S has passed (a bisection of predictions: ~1 ms), else the last value;
+        None with no SLO, or before the first decode."""
+        if step.decode_contexts:
+            self._context = round(sum(step.decode_contexts) / len(step.decode_contexts))
+        admission = self.control.admission
+        if admission is None or p.slo_s is None or self._context is None or self.max_seqs < 1:
+            return None
+        when, slo, value = self._capacity
+        now = time.monotonic()
+        if slo != p.slo_s or now - when >= CAPACITY_EVERY_S:
+            value = admission.capacity(self._context, self.max_seqs,
+                                       p.reading.sm_mhz if p.reading is not None else None)
+            self._capacity = (now, p.slo_s, value)
+        return value
+
     def _predict(self, p: Pending) -> tuple[Prediction, str]:
         """The step's prediction with the clock read when it was scheduled (else the power-cap forecast)."""
         if p.reading is not None:
@@ -118,12 +141,13 @@ class Recorder:
         if admission is not None and p.slo_s is not None:
             violation = admission.observe(measured, p.slo_s)
         self.steps += 1
+        capacity = self._slo_capacity(p, step)
         rec = build_record(
             index=p.index, time=p.wall_end, engine=self.engine, gpu=self.gpu, model=self.model,
             boost_mhz=self.device.spec.boost_mhz, step=step, prediction=pred, corrected_s=corrected,
             measured_s=measured, clock_source=source, reading=p.reading, clock_age_s=p.age,
             decision=p.decision[0] if p.decision else None, slo_s=p.slo_s, slo_violation=violation,
-            hook_overhead_s=p.hook_s)
+            hook_overhead_s=p.hook_s, capacity_seqs=capacity)
         for sink in self.sinks:
             try:
                 sink.publish(rec)
