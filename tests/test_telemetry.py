@@ -213,6 +213,29 @@ def test_records_carry_the_slo_capacity_where_an_slo_is_in_force(tmp_path):
             assert caps[4:] == [512] * 3, caps  # the looser SLO, priced at once: max_num_seqs
 
 
+def test_a_failing_capacity_leaves_the_record_and_is_counted(tmp_path):
+    from m2live import Step
+    from m2live.trace import read_trace
+
+    mon = _monitor(tmp_path, M2LIVE_SLO_MS="40")
+    try:
+        def broken(*a, **k):
+            raise RuntimeError("capacity broke")
+
+        mon.control.admission.capacity = broken
+        for k in range(3):
+            mon.before_schedule(None, (4096, 512))
+            o = _Out(Step.build([], [300 + k] * 4))
+            mon.on_schedule(None, o)
+            mon.on_update(o)
+            assert mon.flush()
+    finally:
+        mon.close()
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert len(recs) == 3 and all(r["capacity_seqs"] is None for r in recs)  # every step recorded all the same
+    assert mon.hook_errors == 1  # counted once: retried a second later, not on every step
+
+
 def test_monitor_contains_errors_and_takes_control(tmp_path):
     from m2live import Step
 
