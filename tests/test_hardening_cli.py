@@ -162,6 +162,12 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "report warmup 1e30": (["report", str(bad_ops), "-o", png, "--warmup", "1" + "0" * 30], {}),
         "binary M2LIVE_CONFIG": (["config", "check"], {"M2LIVE_CONFIG": str(binary)}),
         "M2LIVE_QUEUE_SIZE=1e12": (["config", "check"], {"M2LIVE_QUEUE_SIZE": "1e12"}),
+        "M2LIVE_MQTT_QUEUE_SIZE=0": (["config", "check"], {"M2LIVE_MQTT_QUEUE_SIZE": "0"}),
+        "simulate goodput unknown key": (["simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
+                                          "--isl", "64", "--osl", "8", "--concurrency", "1", "--goodput", "itl:5"], {}),
+        "simulate percentile 1e400": (["simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
+                                       "--isl", "64", "--osl", "8", "--concurrency", "1", "--metric-percentiles",
+                                       "1e400"], {}),
         "M2LIVE_RESIDUAL_WINDOW=1e9": (["config", "check"], {"M2LIVE_RESIDUAL_WINDOW": "1e9"}),
         "M2LIVE_SLO_MS=1e-9": (["config", "check"], {"M2LIVE_SLO_MS": "1e-9"}),
         "misspelt M2LIVE_SLO_MSS": (["config", "check"], {"M2LIVE_SLO_MSS": "40"}),
@@ -179,7 +185,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 CASES = ["clock 1e-300", "clock inf", "decode count 1e30", "400-digit prefill", "decode 10x10000000", "tp 1e23",
          "rank rate 1e308", "ops header only", "ops -o /dev/full", "ops clock inf", "report ops list", "report factors str",
-         "report warmup 1e30", "binary M2LIVE_CONFIG", "M2LIVE_QUEUE_SIZE=1e12", "M2LIVE_RESIDUAL_WINDOW=1e9",
+         "report warmup 1e30", "binary M2LIVE_CONFIG", "M2LIVE_QUEUE_SIZE=1e12", "M2LIVE_MQTT_QUEUE_SIZE=0",
+         "simulate goodput unknown key", "simulate percentile 1e400", "M2LIVE_RESIDUAL_WINDOW=1e9",
          "M2LIVE_SLO_MS=1e-9", "misspelt M2LIVE_SLO_MSS", "ops symlink loop", "ops name too long",
          "plan -o /dev/full", "config architectures 5", "config model_type list", "config hidden 1e15",
          "config text_config list", "config nested 1e5 deep", "decode past the context", "report clock string",
@@ -256,7 +263,7 @@ def test_limits_are_named_and_the_step_enforces_them():
     with pytest.raises(StepError, match="limits"):
         Step.from_counts(0, 0, 10**9, 0)  # refused before a billion-entry list is built
     for env in ({"M2LIVE_QUEUE_SIZE": "1e12"}, {"M2LIVE_RESIDUAL_WINDOW": "1e9"}, {"M2LIVE_SLO_MS": "1e-9"},
-                {"M2LIVE_SLO_MS": "1e308"}, {"M2LIVE_GPU_INDEX": "1e9"}):
+                {"M2LIVE_SLO_MS": "1e308"}, {"M2LIVE_GPU_INDEX": "1e9"}, {"M2LIVE_MQTT_QUEUE_SIZE": "1e12"}):
         with pytest.raises(ConfigError, match="within"):
             M2liveConfig.from_env(env)
 
