@@ -37,6 +37,7 @@ timer's at ``SEGMENT_SAMPLES`` points along the run, interpolated.
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -119,6 +120,9 @@ class Engine:
         self.itl_gaps = array("d")
         self.itl_counts = array("d")
         self.itl_by_request: list[list[float]] | None = None  # each request's gaps in order, when asked for
+        # tokens the client receives in each whole second after the first request was sent (the benchmark's "peak
+        # output token throughput" is the busiest one): {second: tokens}
+        self.tokens_by_second: dict[int, float] = {}
         self.running: list[int] = []  # admission order
         self.waiting: deque[int] = deque()
         self.arrivals: list[tuple[float, int]] = []  # (engine arrival time, request) heap
@@ -338,6 +342,8 @@ class Engine:
         self.outputs[sampled] += 1
         first = sampled[self.outputs[sampled] == 1]
         self.t_first[first] = self.t
+        sec = math.floor(self.t + self.d - self.t_send[0])  # one step's tokens: one second's bucket
+        self.tokens_by_second[sec] = self.tokens_by_second.get(sec, 0.0) + float(len(sampled))
         later = sampled[self.outputs[sampled] > 1]
         self._itl(self.t - self.t_last[later], 1.0)
         if self.itl_by_request is not None:
@@ -352,6 +358,15 @@ class Engine:
                                "prefills": pre, "decodes": n_dec, "free_blocks": self.free,
                                "running": list(self.running), "waiting": list(self.waiting)})
         return True
+
+    def _count_tokens(self, times: np.ndarray, count: float) -> None:
+        """``count`` tokens reach the client at each engine time in ``times`` (+ the frontend's way back), bucketed by
+        whole seconds since the first request was sent, as the benchmark buckets them (a step's tokens: step())."""
+        secs = np.floor(times + self.d - self.t_send[0]).astype(np.int64)
+        first, last = int(secs[0]), int(secs[-1])  # times ascend: a run of steps spans few seconds
+        for sec, n in zip(range(first, last + 1), np.bincount(secs - first), strict=True):
+            if n:
+                self.tokens_by_second[sec] = self.tokens_by_second.get(sec, 0.0) + count * float(n)
 
     def _itl(self, gaps: np.ndarray, count: float) -> None:
         """Record inter-token gaps, each had by ``count`` tokens."""
@@ -445,6 +460,7 @@ class Engine:
         self.outputs[ra] += k
         self._itl(ends[0] - self.t_last[ra], 1.0)  # each request's gap since its own last token
         self._itl(dts[1:k], float(B))  # then every request's gap is the step
+        self._count_tokens(ends[:k], float(B))
         if self.itl_by_request is not None:
             rest = dts[1:k].tolist()
             for i in ra.tolist():

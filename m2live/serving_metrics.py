@@ -42,6 +42,8 @@ class ServingResult:
     # vllm bench serve --goodput: {"slo_ms", "good_requests", "requests", "requests_per_s"}; {} without SLOs
     goodput: dict = field(default_factory=dict)
     request_throughput: float = 0.0  # requests / duration (the benchmark's "Request throughput (req/s)")
+    peak_output_tokens_per_s: float = 0.0  # output tokens in the busiest whole second ("Peak output token throughput")
+    peak_concurrent_requests: int = 0  # requests active in the busiest whole second ("Peak concurrent requests")
     total_token_throughput: float = 0.0  # (prompt + output tokens) / duration ("Total token throughput (tok/s)")
 
     def to_dict(self) -> dict:
@@ -50,6 +52,8 @@ class ServingResult:
                 "duration_s": self.duration_s, "mean_e2el_ms": self.mean_e2el_ms,
                 "steady_output_tokens_per_s": self.steady_output_tokens_per_s,
                 "request_throughput": self.request_throughput, "total_token_throughput": self.total_token_throughput,
+                "peak_output_tokens_per_s": self.peak_output_tokens_per_s,
+                "peak_concurrent_requests": self.peak_concurrent_requests,
                 "percentiles": self.percentiles,
                 **({"goodput": self.goodput} if self.goodput else {}),
                 "assumptions": self.assumptions, "memory": self.memory, "steps": self.steps}
@@ -94,6 +98,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
         output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
         request_throughput=eng.n / duration,
+        **peaks(eng, d),
         total_token_throughput=float(eng.prompt.sum() + eng.out_len.sum()) / duration,
         mean_e2el_ms=1e3 * float(np.nanmean(e2el)), steady_output_tokens_per_s=steady,
         assumptions={
@@ -137,7 +142,8 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
                                          cfg.metric_percentiles)},
         goodput=goodput(cfg.goodput, {"ttft": ttft, "tpot": np.where(multi, tpot, 0.0), "e2el": e2el}, duration))
     if keep:
-        res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el}
+        res.per_request = {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot, "e2el_ms": 1e3 * e2el,
+                           "sent_s": eng.t_send.copy()}
         if eng.itl_by_request is not None:  # each request's gaps between its tokens, in order
             res.per_request["itl_ms"] = [1e3 * np.asarray(g) for g in eng.itl_by_request]
     return res
@@ -150,6 +156,22 @@ def _percentiles(values: np.ndarray, extra: tuple[float, ...] = ()) -> dict:
     v = values[np.isfinite(values)]
     qs = {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
     return {k: float(np.percentile(v, q)) if v.size else 0.0 for k, q in qs.items()}
+
+
+def peaks(eng: Engine, d: float) -> dict:
+    """The benchmark's two peaks (benchmarks/serve.py calculate_metrics): the output tokens received in the busiest
+    whole second since the first request was sent (seconds up to ceil(last end - first send)), and the most requests
+    active in one such second (a request counts in every second from the one it was sent in to the one it ended
+    in)."""
+    t0 = float(np.nanmin(eng.t_send))
+    start = np.floor(eng.t_send - t0).astype(np.int64)
+    end = np.floor(eng.t_fin + d - t0).astype(np.int64)
+    seconds = int(np.ceil(float(np.nanmax(eng.t_fin + d)) - t0)) + 1
+    active = np.zeros(seconds + 1, dtype=np.int64)
+    np.add.at(active, start, 1)
+    np.add.at(active, end + 1, -1)
+    tokens = max((v for s, v in eng.tokens_by_second.items() if 0 <= s < seconds), default=0.0)
+    return {"peak_output_tokens_per_s": float(tokens), "peak_concurrent_requests": int(np.cumsum(active).max())}
 
 
 def goodput(slos: tuple[tuple[str, float], ...], per_request: dict[str, np.ndarray], duration_s: float) -> dict:

@@ -265,8 +265,9 @@ def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests
                                                             metric_percentiles=qs), keep_requests=True)
     pr = r.per_request
     outs = [RequestFuncOutput(success=True, latency=e / 1e3, ttft=t / 1e3, output_tokens=osl[i % 3], prompt_len=2048,
-                              itl=list(g / 1e3))
-            for i, (t, e, g) in enumerate(zip(pr["ttft_ms"], pr["e2el_ms"], pr["itl_ms"], strict=True))]
+                              itl=list(g / 1e3), start_time=s0)
+            for i, (t, e, g, s0) in enumerate(zip(pr["ttft_ms"], pr["e2el_ms"], pr["itl_ms"], pr["sent_s"],
+                                                  strict=True))]
     assert [len(g) for g in pr["itl_ms"]] == [osl[i % 3] - 1 for i in range(96)]
     m, _ = calculate_metrics([], outs, r.duration_s, None, list(qs), dict(slo))
     assert 0 < r.goodput["good_requests"] < r.requests  # a goodput that separates the requests
@@ -275,6 +276,19 @@ def test_goodput_and_extra_percentiles_are_vllms_own_over_the_simulated_requests
     assert r.request_throughput == pytest.approx(m.request_throughput, rel=1e-9)
     assert r.total_token_throughput == pytest.approx(m.total_token_throughput, rel=1e-9)
     assert r.output_tokens_per_s == pytest.approx(m.output_throughput, rel=1e-9)
+    assert r.peak_output_tokens_per_s == m.max_output_tokens_per_s > 0
+    assert r.peak_concurrent_requests == m.max_concurrent_requests >= 32
+    # an open loop: requests sent on the Poisson schedule, the seconds counted from the first one sent
+    o = simulate(L8, "h100-sxm", 1, 512, 64, ServingConfig(concurrency=64, num_prompts=40, request_rate=6.0),
+                 keep_requests=True)
+    po = o.per_request
+    outs = [RequestFuncOutput(success=True, latency=e / 1e3, ttft=t / 1e3, output_tokens=64, prompt_len=512,
+                              itl=list(g / 1e3), start_time=s0)
+            for t, e, g, s0 in zip(po["ttft_ms"], po["e2el_ms"], po["itl_ms"], po["sent_s"], strict=True)]
+    mo, _ = calculate_metrics([], outs, o.duration_s, None, [99.0], {})
+    assert (o.peak_output_tokens_per_s, o.peak_concurrent_requests) == (mo.max_output_tokens_per_s,
+                                                                        mo.max_concurrent_requests)
+    assert 1 <= o.peak_concurrent_requests < 40
     for key, theirs in (("ttft_ms", m.percentiles_ttft_ms), ("tpot_ms", m.percentiles_tpot_ms),
                         ("e2el_ms", m.percentiles_e2el_ms), ("itl_ms", m.percentiles_itl_ms)):
         for q, v in theirs:
