@@ -385,7 +385,7 @@ def print_result(r: ServingResult) -> None:
               f"{r.total_token_throughput:,.0f}", f"{r.request_throughput:,.2f}", f"{r.duration_s:,.1f}")
     c.print(t)
     c.print(f"peak output tok/s {r.peak_output_tokens_per_s:,.0f} (the busiest whole second), peak concurrent "
-            f"requests {r.peak_concurrent_requests:,}")
+            f"requests {r.peak_concurrent_requests:,} (active at any time in one second, as the benchmark counts)")
     pc = r.percentiles
     if pc:
         c.print("median / p99: " + "; ".join(f"{label} {pc[key]['median']:,.{nd}f} / {pc[key]['p99']:,.{nd}f} ms"
