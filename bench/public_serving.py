@@ -167,12 +167,12 @@ def run_point(p: dict) -> dict:
         # the statistic the source states: medians (p50) where it gives them, else the benchmark's means; of ITL
         # (every gap between a request's tokens) where it states that instead of TPOT (per request)
         median = p.get("statistic", "mean") == "median"
-        per_token = r.percentiles["itl_ms" if p.get("per_token") == "itl" else "tpot_ms"]
-        sim_tpot = per_token["median"] if median else (per_token["mean"] if p.get("per_token") == "itl"
-                                                       else r.tpot_ms)
+        itl = p.get("per_token") == "itl"
+        sim_tpot = r.percentiles["itl_ms" if itl else "tpot_ms"]["median"] if median else (
+            r.percentiles["itl_ms"]["mean"] if itl else r.tpot_ms)
         sim_ttft = r.percentiles["ttft_ms"]["median"] if median else r.ttft_ms
         row = {"concurrency": c, "statistic": "median" if median else "mean",
-               **({"per_token_metric": "ITL"} if p.get("per_token") == "itl" else {}),
+               **({"per_token_metric": "ITL"} if itl else {}),
                "measured_tpot_ms": round(tpot, 3),
                "simulated_tpot_ms": round(sim_tpot, 3), "tpot_error": round(sim_tpot / tpot - 1.0, 4)}
         if ttft is not None:

@@ -84,6 +84,12 @@ class Decision:
     fallback: bool = False  # vLLM's own budget (ramped): the correction is not trusted, or nothing met the SLO
     trusted: bool | None = None  # whether the correction had converged when this was decided (None: admission off)
 
+    @property
+    def no_budget(self) -> bool:
+        """No budget met the SLO: a decision that looked and found none. A fallback while the correction is not
+        trusted is flagged too (it stops admissions the same way), but it never looked."""
+        return self.flagged and self.trusted is not False
+
 
 class _PlannedStep(Step):
     """A Step built by the controller: already validated, with the views the predictor reads precomputed.
@@ -176,8 +182,10 @@ class AdmissionController:
     @property
     def target_s(self) -> float | None:
         """The bound the corrected prediction must stay under: slo · (1 − margin)."""
-        slo = self.slo_s
-        return None if slo is None else slo * (1.0 - self.margin)
+        return self._target(self.slo_s)
+
+    def _target(self, slo_s: float | None) -> float | None:
+        return None if slo_s is None else slo_s * (1.0 - self.margin)
 
     def observe(self, measured_s: float, slo_s: float | None = None) -> bool:
         """Count a measured step against ``slo_s`` (the SLO its decision was made under; default: the SLO in
@@ -348,10 +356,9 @@ class AdmissionController:
         ratio), else the power-cap forecast. Bisection, ~log2(limit_seqs) + 2 predictions, on the step growing
         with its requests: where the predicted step dips by microseconds at a tile boundary it can stop a few
         requests short of a larger count that also fits (a review's sweep: 27 for 29 on an L40S at 2k context)."""
-        slo = self.slo_s if slo_s is None else slo_s
-        if slo is None or limit_seqs < 1:
+        target = self._target(self.slo_s if slo_s is None else slo_s)
+        if target is None or limit_seqs < 1:
             return None
-        target = slo * (1.0 - self.margin)
         f_live = self._clock_ratio(f_clk)
         ctx = max(1, int(context))
 

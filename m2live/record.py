@@ -93,9 +93,7 @@ def build_record(*, index: int, time: float, engine: str, gpu: str, model: str, 
         clock_event_reasons=r.event_reasons if r else None, temperature_c=r.temperature_c if r else None,
         clock_age_s=clock_age_s, token_budget=d.token_budget if d else None,
         max_active=d.max_active if d else None, slo_s=slo_s, slo_violation=slo_violation,
-        # no budget met the SLO: a decision that found none (a fallback while the correction is not trusted is
-        # flagged too, but it never looked)
-        admission_flagged=(d.flagged and d.trusted is not False) if d else None, hook_overhead_s=hook_overhead_s,
+        admission_flagged=d.no_budget if d else None, hook_overhead_s=hook_overhead_s,
         capacity_seqs=capacity_seqs,
     )
 

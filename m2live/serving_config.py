@@ -125,12 +125,20 @@ def range_ratios(r: object, what: str = "random_range_ratio") -> tuple[float, fl
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vllm bench serve --goodput's names (benchmarks/serve.py)
 
 
+def _items(value: object, sep: str | None) -> list:
+    """A flag's items: text split at ``sep`` (None: whitespace), a list or tuple as it is, one value alone, or none."""
+    if isinstance(value, str):
+        return value.split(sep)
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [] if value is None else [value]
+
+
 def goodput_slos(slos: object, what: str = "--goodput") -> tuple[tuple[str, float], ...]:
     """vllm bench serve's --goodput SLOs as ((metric, ms), ...): ``KEY:VALUE`` texts (a list, or one text of them
     separated by spaces: a batch cell) or (metric, ms) pairs; each metric ttft, tpot or e2el, each value a number
     of ms >= 0; a metric given twice keeps its last value (as the benchmark's dict does). One line otherwise."""
-    items = str(slos).split() if isinstance(slos, str) else list(slos) if isinstance(slos, list | tuple) else \
-        [] if slos is None else [slos]
+    items = _items(slos, None)
     if not items:
         raise SimulationError(f"{what} needs KEY:VALUE pairs (ttft, tpot or e2el, in ms), got none")
     out: dict[str, float] = {}
@@ -153,8 +161,7 @@ def goodput_slos(slos: object, what: str = "--goodput") -> tuple[tuple[str, floa
 def metric_percentiles(qs: object, what: str = "--metric-percentiles") -> tuple[float, ...]:
     """vllm bench serve's --metric-percentiles: percentiles in [0, 100], as comma-separated text ("50,90,99") or
     numbers; one line otherwise."""
-    items = str(qs).split(",") if isinstance(qs, str) else list(qs) if isinstance(qs, list | tuple) else \
-        [] if qs is None else [qs]
+    items = _items(qs, ",")
     if not items:
         raise SimulationError(f"{what} needs percentiles in [0, 100], got none")
     return tuple(float((PERCENTILE.parse if isinstance(q, str) else PERCENTILE.check)(q, what, SimulationError))

@@ -342,13 +342,9 @@ class Engine:
         self.outputs[sampled] += 1
         first = sampled[self.outputs[sampled] == 1]
         self.t_first[first] = self.t
-        sec = math.floor(self.t + self.d - self.t_send[0])  # one step's tokens: one second's bucket
-        self.tokens_by_second[sec] = self.tokens_by_second.get(sec, 0.0) + float(len(sampled))
+        self._add_tokens(math.floor(self.t + self.d - self.t_origin), float(len(sampled)))
         later = sampled[self.outputs[sampled] > 1]
-        self._itl(self.t - self.t_last[later], 1.0)
-        if self.itl_by_request is not None:
-            for i in later.tolist():
-                self.itl_by_request[i].append(self.t - float(self.t_last[i]))
+        self._itl(later, self.t - self.t_last[later])
         self.t_last[sampled] = self.t
         for i in sampled[self.outputs[sampled] >= self.out_len[sampled]].tolist():
             self.running.remove(i)
@@ -359,20 +355,36 @@ class Engine:
                                "running": list(self.running), "waiting": list(self.waiting)})
         return True
 
-    def _count_tokens(self, times: np.ndarray, count: float) -> None:
-        """``count`` tokens reach the client at each engine time in ``times`` (+ the frontend's way back), bucketed by
-        whole seconds since the first request was sent, as the benchmark buckets them (a step's tokens: step())."""
-        secs = np.floor(times + self.d - self.t_send[0]).astype(np.int64)
-        first, last = int(secs[0]), int(secs[-1])  # times ascend: a run of steps spans few seconds
-        for sec, n in zip(range(first, last + 1), np.bincount(secs - first), strict=True):
-            if n:
-                self.tokens_by_second[sec] = self.tokens_by_second.get(sec, 0.0) + count * float(n)
+    @property
+    def t_origin(self) -> float:
+        """When the first request was sent (requests go out in order): the benchmark's seconds count from it."""
+        return float(self.t_send[0])
 
-    def _itl(self, gaps: np.ndarray, count: float) -> None:
-        """Record inter-token gaps, each had by ``count`` tokens."""
-        if len(gaps):
-            self.itl_gaps.frombytes(np.ascontiguousarray(gaps, dtype=np.float64).tobytes())
-            self.itl_counts.frombytes(np.full(len(gaps), count).tobytes())
+    def _add_tokens(self, second: int, count: float) -> None:
+        """``count`` tokens reach the client in whole ``second`` since the first request was sent."""
+        self.tokens_by_second[second] = self.tokens_by_second.get(second, 0.0) + count
+
+    def _count_tokens(self, times: np.ndarray, count: float) -> None:
+        """``count`` tokens reach the client at each engine time in ``times`` (ascending; + the frontend's way back),
+        bucketed by whole seconds as the benchmark buckets them."""
+        secs = np.floor(times + self.d - self.t_origin).astype(np.int64)
+        first = int(secs[0])  # a run of steps spans few seconds
+        for k, n in enumerate(np.bincount(secs - first)):
+            if n:
+                self._add_tokens(first + k, count * float(n))
+
+    def _itl(self, ids: np.ndarray, gaps: np.ndarray, rest: np.ndarray | None = None) -> None:
+        """Requests ``ids`` each get their gap in ``gaps`` since their last token, then (a run of decode steps) every
+        one of them the gaps ``rest``: kept as (gap, tokens that had it), and request by request when asked for."""
+        buf = [(gaps, 1.0)] + ([(rest, float(len(ids)))] if rest is not None else [])
+        for g, count in buf:
+            if len(g):
+                self.itl_gaps.frombytes(np.ascontiguousarray(g, dtype=np.float64).tobytes())
+                self.itl_counts.frombytes(np.full(len(g), count).tobytes())
+        if self.itl_by_request is not None:
+            tail = [] if rest is None else rest.tolist()
+            for i, g in zip(ids.tolist(), gaps.tolist(), strict=True):
+                self.itl_by_request[i] += [g, *tail]
 
     def _account(self, pre: tuple, n_dec: int, dt: float, count: int) -> None:
         st = self.st
@@ -458,13 +470,8 @@ class Engine:
         self.t = float(ends[-1])
         self.computed[ra] += k
         self.outputs[ra] += k
-        self._itl(ends[0] - self.t_last[ra], 1.0)  # each request's gap since its own last token
-        self._itl(dts[1:k], float(B))  # then every request's gap is the step
+        self._itl(ra, ends[0] - self.t_last[ra], dts[1:k])  # each one's gap since its last token, then the steps
         self._count_tokens(ends[:k], float(B))
-        if self.itl_by_request is not None:
-            rest = dts[1:k].tolist()
-            for i in ra.tolist():
-                self.itl_by_request[i] += [float(ends[0] - self.t_last[i]), *rest]
         self.t_last[ra] = self.t
         newb = (self.computed[ra] + self.bs - 1) // self.bs
         self._alloc(int(newb.sum()) - held)

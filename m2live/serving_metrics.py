@@ -154,8 +154,12 @@ def _percentiles(values: np.ndarray, extra: tuple[float, ...] = ()) -> dict:
     requests, as ``vllm bench serve`` reports them (numpy's linear interpolation over the requests that have the
     metric; TPOT needs two output tokens)."""
     v = values[np.isfinite(values)]
-    qs = {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
-    return {k: float(np.percentile(v, q)) if v.size else 0.0 for k, q in qs.items()}
+    return {k: float(np.percentile(v, q)) if v.size else 0.0 for k, q in _named(extra).items()}
+
+
+def _named(extra: tuple[float, ...]) -> dict[str, float]:
+    """The percentiles reported, by the benchmark's names: median and p99 always, then ``extra``."""
+    return {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
 
 
 def peaks(eng: Engine, d: float) -> dict:
@@ -163,7 +167,7 @@ def peaks(eng: Engine, d: float) -> dict:
     whole second since the first request was sent (seconds up to ceil(last end - first send)), and the most requests
     active in one such second (a request counts in every second from the one it was sent in to the one it ended
     in)."""
-    t0 = float(np.nanmin(eng.t_send))
+    t0 = eng.t_origin
     start = np.floor(eng.t_send - t0).astype(np.int64)
     end = np.floor(eng.t_fin + d - t0).astype(np.int64)
     seconds = int(np.ceil(float(np.nanmax(eng.t_fin + d)) - t0)) + 1
@@ -193,7 +197,7 @@ def itl_stats(gaps: np.ndarray, counts: np.ndarray, scale: float = 1.0, extra: t
     request's gaps (numpy's linear interpolation), without expanding the list."""
     keep = counts > 0
     g, c = gaps[keep], counts[keep]
-    qs = {"median": 50.0, "p99": 99.0} | {percentile_name(q): q for q in extra}
+    qs = _named(extra)
     if not g.size:
         return {"mean": 0.0} | {k: 0.0 for k in qs}
     order = np.argsort(g, kind="stable")

@@ -30,18 +30,14 @@ REQUIRED_ATTRIBUTES = ("max_num_scheduled_tokens", "max_num_active_reqs", "reque
 TESTED_VLLM = "0.32.0"
 
 
-def _vllm_version() -> str:
-    from .sinks import vllm_version
-
-    return vllm_version()
-
-
 def _engine_limits(scheduler: Any) -> tuple[int, int]:
     """The configured (token budget, active requests) of ``scheduler``; ``AttributeError`` naming what this
     vLLM lacks (a renamed attribute in a later release) instead of a crash inside the engine."""
     missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(scheduler, a)]
     if missing:
-        raise AttributeError(f"this vLLM ({_vllm_version()}) scheduler has no {', '.join(missing)} (m2live is "
+        from .sinks import vllm_version
+
+        raise AttributeError(f"this vLLM ({vllm_version()}) scheduler has no {', '.join(missing)} (m2live is "
                              f"tested with vLLM {TESTED_VLLM})")
     return int(scheduler.max_num_scheduled_tokens), int(scheduler.max_num_active_reqs)
 
