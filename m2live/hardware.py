@@ -436,6 +436,29 @@ CATALOG: tuple[GpuSpec, ...] = (
         aliases=("b300", "b300-sxm6", "b300-sxm"),
     ),
     GpuSpec(
+        name="NVIDIA GB200", arch="blackwell", compute_capability=(10, 0), sms=148,
+        base_mhz=1665, boost_mhz=2062, bf16_tflops=2500, fp16_tflops=2500, fp8_tflops=5000, tflops_at_mhz=2062,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=186, mem_total_mib=189471, l2_mb=126.5, tdp_w=1200, interconnect="nvlink", interconnect_gbs=900,
+        source="NVIDIA GB200 NVL72 datasheet per GPU (FP16/BF16 360 PF* and FP8 720 PF* per 72 GPUs -> 2.5 / "
+               "5 PF dense; 13.4 TB HBM3e and 576 TB/s per 72 GPUs -> 186 GB, 8 TB/s; NVLink5 1.8 TB/s = 900 "
+               "per direction); the B200's die (148 SMs, 126.5 MiB L2, base clock: assumed); 2062 MHz max SM "
+               "clock and 189471 MiB as nvidia-smi reports them on a public GB200 node (the 2.5 PF = 148 x 8192 "
+               "x 2062 MHz, so the TF are quoted at that clock); 1200 W GPU power limit, the rated power public "
+               "benchmark set-ups use for GB200",
+        aliases=("gb200", "gb200-nvl72", "gb200-nvl4"),
+    ),
+    GpuSpec(
+        name="NVIDIA GB300", arch="blackwell", compute_capability=(10, 3), sms=148,
+        base_mhz=1665, boost_mhz=2070, bf16_tflops=2500, fp16_tflops=2500, fp8_tflops=5000, tflops_at_mhz=2062,
+        memory="HBM3e", mem_bw_gbs=8000, mem_gb=288, mem_total_mib=275040, l2_mb=126.5, tdp_w=1400, interconnect="nvlink", interconnect_gbs=900,
+        source="NVIDIA GB300 NVL72 datasheet (FP8 360 PF dense per 72 GPUs -> 5 PF, BF16 half of it: 2.5 PF "
+               "dense; 288 GB HBM3e 8 TB/s per GPU; NVLink5 1.8 TB/s = 900 per direction); 1400 W default and "
+               "maximum power limit and 2070 MHz max SM clock as a public benchmark set-up reads them on GB300 "
+               "(2026); SMs, L2, base clock and nvidia-smi's memory total assumed = HGX B300 (148 SMs, sm_103); "
+               "tflops_at_mhz derived 2500 TF / (148 x 8192) = 2062 MHz",
+        aliases=("gb300", "gb300-nvl72"),
+    ),
+    GpuSpec(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="blackwell", compute_capability=(12, 0),
         sms=188, base_mhz=1590, boost_mhz=2617, bf16_tflops=503.8, fp16_tflops=503.8, fp8_tflops=1007.6,
         tflops_at_mhz=2617,
@@ -479,9 +502,13 @@ def norm_name(s: str) -> str:
 
 
 def _gpu_key(name: str) -> str:
-    """A GPU name as the catalog looks it up: ``norm_name`` without the vendor in front, so that a name or alias
-    is found with or without it ("NVIDIA H100-SXM5-80GB", "b300", "NVIDIA B300")."""
-    return norm_name(name).removeprefix("nvidia")
+    """A GPU name as the catalog looks it up: ``norm_name`` without the vendor or the board's system name in front,
+    so that a name or alias is found with or without them ("NVIDIA H100-SXM5-80GB", "b300", "NVIDIA B300", "HGX
+    B200", "NVIDIA DGX H100": an HGX / DGX system's GPU)."""
+    key = norm_name(name).removeprefix("nvidia")
+    for system in ("hgx", "dgx"):
+        key = key.removeprefix(system)
+    return key
 
 
 def _index() -> dict[str, GpuSpec]:

@@ -127,6 +127,29 @@ def test_alternative_nvml_names_resolve() -> None:
     assert get_gpu("NVIDIA GH200 120GB").name == "NVIDIA GH200 480GB"
 
 
+def test_grace_blackwell_superchips() -> None:
+    """GB200 / GB300 (the NVML names their GPUs report): the B200's and B300's dies at a superchip's clock and
+    power, so a faster peak and a larger power budget than the HGX boards; Blackwell Ultra's doubled SFUs on
+    GB300 only; both run data-centre Blackwell's kernels."""
+    b200, gb200, b300, gb300 = (get_gpu(n) for n in ("NVIDIA B200", "NVIDIA GB200", "NVIDIA B300", "NVIDIA GB300"))
+    assert gb200.name == "NVIDIA GB200" and gb300.name == "NVIDIA GB300"
+    for hgx, grace in ((b200, gb200), (b300, gb300)):
+        assert grace.compute_capability == hgx.compute_capability and grace.sms == hgx.sms
+        assert grace.peak_flops("bf16") > hgx.peak_flops("bf16") and grace.tdp_w > hgx.tdp_w
+        assert grace.kernel_family == hgx.kernel_family == "blackwell"
+        assert grace.exp_per_clk == hgx.exp_per_clk
+    assert (gb200.exp_per_clk, gb300.exp_per_clk) == (16, 32)
+    assert gb300.mem_gb > gb200.mem_gb
+
+
+@pytest.mark.parametrize(("name", "expect"), [("HGX B200", "NVIDIA B200"), ("NVIDIA DGX H100", "NVIDIA H100 80GB HBM3"),
+                                              ("dgx-gb200", "NVIDIA GB200"), ("HGX-H200", "NVIDIA H200")])
+def test_a_system_name_in_front_resolves_to_its_gpu(name: str, expect: str) -> None:
+    assert get_gpu(name).name == expect
+    with pytest.raises(UnknownGpuError):
+        get_gpu("HGX")
+
+
 @pytest.mark.parametrize(("name", "expect"), [("NVIDIA H100-SXM5-80GB", "NVIDIA H100 80GB HBM3"),
                                               ("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3"),
                                               ("NVIDIA B300", "NVIDIA B300 SXM6 AC"),
