@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import M2liveConfig
+from ..device_spec import catalog_or_device, is_derived
 from ..efficiency import ArchConstants
 from ..hardware import GpuSpec, get_gpu
 from ..limits import digits
@@ -88,6 +89,7 @@ def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
     want = (cfg.gpu or "").strip()
     cpu_wanted = want.lower() in ("cpu", "cpu-device")
     nvml = None
+    idx: int | None = None  # the NVML device that named the GPU, when NVML did
     if clock_source is None and not cpu_wanted and (want or info.device == "cuda"):
         idx = cfg.gpu_index if cfg.gpu_index is not None else local_gpu_index(info)
         nvml = choose_clock_source(("nvml",), idx)
@@ -107,7 +109,8 @@ def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
         forecast = f"forecast (no clock telemetry: cpufreq unavailable: {choice.failed.get('cpufreq')})" \
             if choice is not None else ""
     else:
-        spec = cpu_device.scale_spec(get_gpu(want), cfg.device_scale)  # the test-only knob (1: the datasheet)
+        named = bool((cfg.gpu or "").strip())  # M2LIVE_GPU: the catalog's, never read from the device
+        spec = cpu_device.scale_spec(_catalog_or_device(want, None if named else idx), cfg.device_scale)
         forecast = f"forecast (NVML unavailable: {nvml_error or 'not a CUDA engine'})"
     if clock_source is not None:
         source, why = clock_source, f"{clock_source.name} (given)"
@@ -117,6 +120,20 @@ def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
         source, why = None, forecast
     sampler = ClockSampler(source, period_s=cfg.sample_ms / 1000.0).start() if source is not None else None
     return Device(spec, sampler, source.name if source is not None else "forecast", why, constants, prior)
+
+
+def _catalog_or_device(name: str, nvml_index: int | None) -> GpuSpec:
+    """The catalog's row for ``name``; for a GPU NVML named that the catalog does not list (``nvml_index`` given),
+    its spec read from the device (``device_spec``), with a warning that says so. A name the user set
+    (M2LIVE_GPU) must be the catalog's: a typo is an error, not a device to read."""
+    if nvml_index is None:
+        return get_gpu(name)
+    spec = catalog_or_device(name, nvml_index)
+    if is_derived(spec):
+        log.warning("%s is not in m2live's GPU catalog: its datasheet terms were read from the device by NVML (%s); "
+                    "predictions borrow the %s kernel family's constants — set M2LIVE_GPU to a catalog GPU to use "
+                    "its datasheet instead", name, spec.source.split(": ", 1)[-1], spec.kernel_family)
+    return spec
 
 
 def load_calibration(cfg: M2liveConfig, gpu: GpuSpec, engine: str) -> tuple[str, dict[str, ArchConstants] | None]:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import M2liveConfig
+from ..device_spec import is_derived
 from ..quantization import WeightFormat
 from ..record import Sink, as_sink
 from ..residuals import ResidualTracker
@@ -97,7 +98,8 @@ class LiveMonitor:
         _MONITORS.append(weakref.ref(self))
         log.info("engine %s: predicting %s (%s weights) on %s (tp=%d); clock: %s; admission: %s; sinks: %s",
                  self.engine, self.model_label, self.weights,
-                 f"{self.gpu.name}, {self.gpu.source}" if self.gpu.arch == "cpu" else self.gpu.name,
+                 f"{self.gpu.name}, {self.gpu.source}" if self.gpu.arch == "cpu" or is_derived(self.gpu)
+                 else self.gpu.name,
                  self.predictor.tp, self.clock_why,
                  f"SLO {self.control.slo_ms} ms" if self.admission_active else "off",
                  ", ".join(getattr(s, "name", type(s).__name__) for s in self.sinks) or "none")

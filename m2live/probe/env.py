@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..device_spec import catalog_or_device
 from ..hardware import GpuSpec, get_gpu
 from ..telemetry import (
     ClockReading,
@@ -97,17 +98,18 @@ def _dry_env(torch: Any, gpu_override: str | None) -> tuple[_Device, GpuSpec, Cl
 
 def _gpu_env(torch: Any, gpu_override: str | None) -> tuple[_Device, GpuSpec, ClockSource, dict, float]:
     info = _nvml_info(torch)
-    try:
-        spec = get_gpu(gpu_override or info["name"])
-    except KeyError as e:
-        raise ProbeError(f"{e}; pass --gpu with the catalog name to predict for") from None
     dev = _Device(torch, cuda=True)
+    props = torch.cuda.get_device_properties(dev.device)
+    try:  # a GPU outside the catalog: its terms read from the device, its L2 from CUDA (device_spec)
+        spec = get_gpu(gpu_override) if gpu_override else catalog_or_device(
+            info["name"], info["nvml_index"], getattr(props, "L2_cache_size", None) or None)
+    except (KeyError, ValueError) as e:
+        raise ProbeError(f"{e}; pass --gpu with the catalog name to predict for") from None
     try:
         source = NvmlClockSource(info["nvml_index"])
     except TelemetryError as e:
         raise ProbeError(f"no NVML clock: {e}") from None
-    props = torch.cuda.get_device_properties(dev.device)
-    info.update({"torch_name": props.name, "sms": props.multi_processor_count,
+    info.update({"spec_source": spec.source, "torch_name": props.name, "sms": props.multi_processor_count,
                  "memory_gb": props.total_memory / 1e9, "l2_bytes": getattr(props, "L2_cache_size", None),
                  "compute_capability": f"{props.major}.{props.minor}"})
     return dev, spec, source, info, max(spec.l2_bytes, float(info.get("l2_bytes") or 0))

@@ -1,0 +1,229 @@
+"""A GPU outside the catalog, described by what the device itself reports.
+
+The catalog (``hardware.CATALOG``) holds datasheet rows. A GPU it does not list — an RTX A6000, an RTX 6000 Ada, a
+GeForce card, next year's part — still tells the driver everything the model's datasheet terms need, except its
+L2 size, and the plugin asks NVML for it (no CUDA context: the engine's GPUs stay untouched):
+
+- compute capability → the architecture, the kernel family whose constants it borrows, and the dense tensor rate
+  per SM and clock (FLOP, FP32 accumulate: 2048 on sm_80, 4096 on sm_90, 8192 on sm_100/103, 1024 on the other
+  8.x / 12.x professional parts and 512 on GeForce ones, whose FP32-accumulating tensor rate is halved — the rates
+  the catalog's rows follow, ``tests/test_hardware.py`` PER_SM_RATES); fp8 at twice the bf16 rate from sm_89;
+- CUDA cores / cores per SM (64 on sm_80, 128 elsewhere) → SMs; the maximum SM clock → boost, at which the
+  derived tensor peak is quoted;
+- memory bus width x maximum memory clock x 2 → DRAM bandwidth (NVML reports half the data rate: an H100 SXM's
+  2619 MHz x 5120 bits gives 3.35 TB/s, an L40S's 9001 MHz x 384 bits 864 GB/s, their datasheets' figures); a bus
+  of 2048 bits or more is HBM (generation by architecture), a narrower one GDDR (GDDR7 on sm_120, GDDR6X on GeForce
+  boards clocked past 9.5 GHz, else GDDR6); ECC on a GDDR board is inline, its 1/16 taken from the data;
+- the power limit → the power model's budget; active NVLink links x the generation's per-link rate, else the PCIe
+  link → the all-reduce's interconnect;
+- the L2 size, where no caller knows it (NVML does not report it), from the catalog's GPU of the same compute
+  capability with the nearest SM count, scaled by the SM ratio.
+
+The spec's ``source`` says it was read from the device, and the plugin's start-up line shows it. Nothing here is
+fitted; the efficiency constants are the kernel family's, as for any GPU m2live never measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, get_gpu, register
+
+DERIVED_SOURCE = "read from the device (NVML), not a datasheet"
+HBM_MIN_BUS_BITS = 2048  # HBM stacks are 1024 bits wide each; GDDR boards top out at 512
+GDDR6X_MIN_MEM_MHZ = 9500  # GeForce GDDR6X boards report 9751+ MHz (19.5+ Gbps); GDDR6 ones up to 9001 (18 Gbps)
+# NVLink per link and direction (GB/s): NVLink3 on GA100 (12 links: 300), GA102's bridge links (4: 56.25), NVLink4
+# (18: 450), NVLink5 (18: 900)
+NVLINK_GBS_PER_LINK = {(8, 0): 25.0, (8, 6): 14.0625, (9, 0): 25.0, (10, 0): 50.0, (10, 3): 50.0}
+PCIE_GBS_X16 = {3: 16.0, 4: 32.0, 5: 64.0, 6: 128.0}  # per direction
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the driver reports about one GPU (``read_nvml_facts``)."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    cuda_cores: int
+    max_sm_mhz: float
+    max_mem_mhz: float
+    mem_bus_bits: int
+    mem_total_mib: float
+    power_limit_w: float
+    nvlinks: int = 0  # active NVLink links
+    pcie_gen: int | None = None  # the link's maximum generation
+    pcie_width: int | None = None
+    ecc: bool = False  # ECC on (on a GDDR board: inline)
+    base_mhz: float | None = None  # default applications clock, where the board has one
+    l2_bytes: float | None = None  # where a caller knows it (CUDA's device properties)
+
+
+def arch_of(cc: tuple[int, int]) -> str:
+    """The catalog's architecture name for a compute capability; ValueError outside Ampere .. Blackwell."""
+    if cc in ((8, 0), (8, 6), (8, 7)):
+        return "ampere"
+    if cc == (8, 9):
+        return "ada"
+    if cc == (9, 0):
+        return "hopper"
+    if cc[0] in (10, 12):
+        return "blackwell"
+    raise ValueError(f"compute capability {cc[0]}.{cc[1]} is outside what m2live models (Ampere 8.0 to "
+                     "Blackwell 12.x)")
+
+
+def tensor_flop_per_clk(name: str, cc: tuple[int, int]) -> int:
+    """Dense bf16 tensor FLOP per SM and clock with FP32 accumulation (module docstring)."""
+    if cc == (8, 0):
+        return 2048
+    if cc == (9, 0):
+        return 4096
+    if cc[0] == 10:
+        return 8192
+    return 512 if "geforce" in name.lower() else 1024
+
+
+def memory_technology(name: str, cc: tuple[int, int], bus_bits: int, mem_mhz: float, bw_gbs: float) -> str:
+    if bus_bits >= HBM_MIN_BUS_BITS:
+        if cc[0] == 8:
+            return "HBM2e"
+        if cc[0] == 9:
+            return "HBM3e" if bw_gbs >= 4500 else "HBM3"
+        return "HBM3e"
+    if cc[0] >= 12:
+        return "GDDR7"
+    if "geforce" in name.lower() and mem_mhz > GDDR6X_MIN_MEM_MHZ:
+        return "GDDR6X"
+    return "GDDR6"
+
+
+def l2_mb_like(cc: tuple[int, int], sms: int) -> float:
+    """L2 (MiB) of the catalog GPU of the same compute capability nearest in SMs, scaled by the SM ratio (that
+    architecture's L2 per SM); 40 MiB where the catalog has none of that capability."""
+    same = [g for g in CATALOG if g.compute_capability == cc]
+    if not same:
+        return 40.0
+    near = min(same, key=lambda g: abs(g.sms - sms))
+    return round(near.l2_mb * sms / near.sms, 1)
+
+
+def spec_from_facts(f: DeviceFacts) -> GpuSpec:
+    """A GpuSpec for a GPU outside the catalog from what its driver reports; ValueError (one line) when a fact is
+    missing or the architecture is outside m2live's kernel families."""
+    where = f"{f.name}: "
+    try:
+        arch = arch_of(f.compute_capability)
+    except ValueError as e:
+        raise ValueError(where + str(e)) from None
+    for what, v in (("CUDA cores", f.cuda_cores), ("max SM clock", f.max_sm_mhz), ("max memory clock",
+                    f.max_mem_mhz), ("memory bus width", f.mem_bus_bits), ("memory total", f.mem_total_mib),
+                    ("power limit", f.power_limit_w)):
+        if not (v and v > 0):
+            raise ValueError(f"{where}the driver did not report its {what}")
+    per_sm = 64 if f.compute_capability == (8, 0) else 128
+    sms = max(1, round(f.cuda_cores / per_sm))
+    rate = tensor_flop_per_clk(f.name, f.compute_capability)
+    bf16 = sms * rate * f.max_sm_mhz * 1e6 / 1e12
+    bw = 2.0 * f.max_mem_mhz * f.mem_bus_bits / 8 / 1000.0
+    memory = memory_technology(f.name, f.compute_capability, f.mem_bus_bits, f.max_mem_mhz, bw)
+    gib = f.mem_total_mib / 1024
+    # inline ECC: the driver's total is the data's 15/16 of the devices (hardware.GpuSpec.inline_ecc reads it so)
+    mem_gb = gib / INLINE_ECC_DATA_SHARE * 1.0001 if f.ecc and memory.startswith("GDDR") else gib
+    per_link = NVLINK_GBS_PER_LINK.get(f.compute_capability, 50.0 if f.compute_capability[0] >= 10 else 25.0)
+    if f.nvlinks > 0:
+        link, link_gbs = "nvlink", f.nvlinks * per_link
+    else:
+        link = "pcie"
+        link_gbs = PCIE_GBS_X16.get(f.pcie_gen or 4, 32.0) * min(16, f.pcie_width or 16) / 16
+    l2 = f.l2_bytes / 2**20 if f.l2_bytes else l2_mb_like(f.compute_capability, sms)
+    base = f.base_mhz if f.base_mhz and 0 < f.base_mhz <= f.max_sm_mhz else f.max_sm_mhz
+    return GpuSpec(
+        name=f.name, arch=arch, compute_capability=f.compute_capability, sms=sms, base_mhz=base,
+        boost_mhz=f.max_sm_mhz, bf16_tflops=round(bf16, 1), fp16_tflops=round(bf16, 1),
+        fp8_tflops=round(2 * bf16, 1) if f.compute_capability >= (8, 9) else None, tflops_at_mhz=f.max_sm_mhz,
+        memory=memory, mem_bw_gbs=round(bw, 1), mem_gb=mem_gb, mem_total_mib=f.mem_total_mib, l2_mb=l2,
+        tdp_w=f.power_limit_w, interconnect=link, interconnect_gbs=link_gbs,
+        source=(f"{DERIVED_SOURCE}: sm_{f.compute_capability[0]}{f.compute_capability[1]}, {sms} SMs x {rate} "
+                f"FLOP/clk at {f.max_sm_mhz:.0f} MHz, {f.mem_bus_bits}-bit {memory} at {f.max_mem_mhz:.0f} MHz, "
+                f"{f.power_limit_w:.0f} W, {link} {link_gbs:g} GB/s, L2 "
+                + ("as CUDA reports it" if f.l2_bytes else f"{l2:g} MiB taken from the catalog's sm_"
+                   f"{f.compute_capability[0]}{f.compute_capability[1]} GPU nearest in SMs")),
+    )
+
+
+def is_derived(spec: GpuSpec) -> bool:
+    """Whether ``spec`` was read from a device (``spec_from_facts``) rather than taken from the catalog."""
+    return spec.source.startswith(DERIVED_SOURCE)
+
+
+def read_nvml_facts(index: int) -> DeviceFacts:
+    """DeviceFacts of NVML device ``index`` (NVML initialised and shut down here); TelemetryError when NVML or
+    a fact the spec needs cannot be read."""
+    from .telemetry import TelemetryError
+
+    try:
+        import pynvml  # nvidia-ml-py
+    except Exception as e:  # noqa: BLE001 - any import failure means "no NVML"
+        raise TelemetryError(f"nvidia-ml-py not importable: {e.__class__.__name__}: {e}") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001
+        raise TelemetryError(f"NVML init failed: {e}") from None
+
+    def opt(fn, *a):
+        try:
+            return fn(*a)
+        except Exception:  # noqa: BLE001 - optional on some boards
+            return None
+
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(h)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        links = 0
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            state = opt(pynvml.nvmlDeviceGetNvLinkState, h, link)
+            if state is None:
+                break
+            links += int(state == 1)
+        ecc = opt(pynvml.nvmlDeviceGetEccMode, h)
+        limit = opt(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h) or opt(
+            pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        return DeviceFacts(
+            name=name, compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+            cuda_cores=int(opt(pynvml.nvmlDeviceGetNumGpuCores, h) or 0),
+            max_sm_mhz=float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+            max_mem_mhz=float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+            mem_bus_bits=int(opt(pynvml.nvmlDeviceGetMemoryBusWidth, h) or 0),
+            mem_total_mib=mem.total / 2**20, power_limit_w=(limit or 0) / 1000.0, nvlinks=links,
+            pcie_gen=opt(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            pcie_width=opt(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+            ecc=bool(ecc and ecc[0]),
+            base_mhz=opt(pynvml.nvmlDeviceGetDefaultApplicationsClock, h, pynvml.NVML_CLOCK_GRAPHICS),
+        )
+    except Exception as e:  # noqa: BLE001
+        raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def catalog_or_device(name: str, nvml_index: int, l2_bytes: float | None = None) -> GpuSpec:
+    """The catalog's row for ``name`` (a GPU NVML named as device ``nvml_index``); for a GPU the catalog does not
+    list, its spec read from that device (``spec_from_facts``; ``l2_bytes`` from CUDA where the caller has it),
+    registered under its name so that later lookups in this process (a calibration, a plan) find it. ValueError,
+    one line, when neither works."""
+    from .telemetry import TelemetryError
+
+    try:
+        return get_gpu(name)
+    except UnknownGpuError as e:
+        try:
+            facts = read_nvml_facts(nvml_index)
+            spec = spec_from_facts(replace(facts, l2_bytes=l2_bytes or facts.l2_bytes))
+        except (TelemetryError, ValueError) as why:
+            raise ValueError(f"{e}; reading its spec from the device failed too: {why}") from None
+        return register(spec)

@@ -1,0 +1,159 @@
+"""A GPU outside the catalog, described from what its driver reports (m2live.device_spec): the derivation
+reproduces the catalog's datasheet rows from the same GPUs' device facts, the NVML reading asks only what NVML has,
+and the plugin's device choice reads a GPU the catalog lacks instead of giving up."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pynvml
+import pytest
+
+from m2live import Predictor, Step, hardware
+from m2live.device_spec import DeviceFacts, catalog_or_device, is_derived, read_nvml_facts, spec_from_facts
+from m2live.hardware import UnknownGpuError, get_gpu
+from m2live.live import device as live_device
+
+# What NVML reports on these boards (max SM / memory clocks, bus width, memory total, power limit, NVLink links,
+# ECC): the catalog's datasheet figures in the driver's units (CUDA cores = SMs x cores per SM; NVML's memory
+# clock is half the data rate: an H100 SXM reports 2619 MHz on 5120 bits, 3.35 TB/s)
+FACTS = {
+    "NVIDIA H100 80GB HBM3": DeviceFacts("NVIDIA H100 80GB HBM3", (9, 0), 16896, 1980, 2619, 5120, 81559, 700,
+                                         nvlinks=18),
+    "NVIDIA A100-SXM4-80GB": DeviceFacts("NVIDIA A100-SXM4-80GB", (8, 0), 6912, 1410, 1593, 5120, 81920, 400,
+                                         nvlinks=12),
+    "NVIDIA L40S": DeviceFacts("NVIDIA L40S", (8, 9), 18176, 2520, 9001, 384, 46068, 350, pcie_gen=4, pcie_width=16,
+                               ecc=True),
+    "NVIDIA H200": DeviceFacts("NVIDIA H200", (9, 0), 16896, 1980, 3201, 6144, 143771, 700, nvlinks=18),
+    "NVIDIA B200": DeviceFacts("NVIDIA B200", (10, 0), 18944, 1965, 3996, 8192, 183359, 1000, nvlinks=18),
+    "NVIDIA GeForce RTX 4090": DeviceFacts("NVIDIA GeForce RTX 4090", (8, 9), 16384, 2520, 10501, 384, 24564, 450,
+                                           pcie_gen=4, pcie_width=16),
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": DeviceFacts(
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 24064, 2617, 12477, 512, 97887, 600, pcie_gen=5,
+        pcie_width=16),
+    "NVIDIA A40": DeviceFacts("NVIDIA A40", (8, 6), 10752, 1740, 7251, 384, 46068, 300, pcie_gen=4, pcie_width=16,
+                              ecc=True),
+}
+
+
+@pytest.mark.parametrize("name", list(FACTS))
+def test_device_facts_give_back_the_datasheet_row(name: str) -> None:
+    """The derivation from device facts lands on the catalog's datasheet terms for the same GPU — tensor peak,
+    DRAM bandwidth (within the rounding of the marketed figure), memory technology, inline ECC, kernel family,
+    interconnect — and so on the same step predictions."""
+    d, c = spec_from_facts(FACTS[name]), get_gpu(name)
+    assert is_derived(d) and not is_derived(c)
+    assert d.sms == c.sms and d.compute_capability == c.compute_capability and d.arch == c.arch
+    assert d.peak_flops("bf16", c.boost_mhz) == pytest.approx(c.peak_flops("bf16"), rel=0.005)
+    assert (d.fp8_tflops is None) == (c.fp8_tflops is None)
+    assert d.mem_bw_gbs == pytest.approx(c.mem_bw_gbs, rel=0.03)
+    assert (d.memory, d.inline_ecc, d.kernel_family) == (c.memory, c.inline_ecc, c.kernel_family)
+    assert (d.interconnect, d.interconnect_gbs) == (c.interconnect, c.interconnect_gbs)
+    assert d.mem_bytes == c.mem_bytes and d.tdp_w == c.tdp_w
+    for seqs in ([(2048, 0)], [(1, 900)] * 32, [(512, 0)] + [(1, 2000)] * 16):
+        t = [Predictor.for_gpu(g, model="meta-llama/Llama-3.1-8B").predict(Step(seqs=seqs), f_clk=None).total_s
+             for g in (d, c)]
+        assert t[0] == pytest.approx(t[1], rel=0.02), (seqs, t)
+
+
+def test_a_gpu_the_catalog_lacks() -> None:
+    """An RTX A6000 (GA102, professional: full-rate FP32-accumulating tensor cores, ECC off by default) and a
+    GeForce RTX 3090 (the same die, half rate, GDDR6X): what the derivation makes of them."""
+    a6000 = spec_from_facts(DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 2100, 8001, 384, 49140, 300,
+                                        pcie_gen=4, pcie_width=16))
+    rtx3090 = spec_from_facts(DeviceFacts("NVIDIA GeForce RTX 3090", (8, 6), 10496, 2100, 9751, 384, 24576, 350,
+                                          pcie_gen=4, pcie_width=16))
+    assert a6000.sms == 84 and a6000.bf16_tflops == pytest.approx(84 * 1024 * 2100e6 / 1e12, rel=1e-3)
+    assert rtx3090.bf16_tflops == pytest.approx(82 * 512 * 2100e6 / 1e12, rel=1e-3)
+    assert (a6000.memory, rtx3090.memory) == ("GDDR6", "GDDR6X")
+    assert a6000.mem_bw_gbs == pytest.approx(768, rel=0.01) and rtx3090.mem_bw_gbs == pytest.approx(936, rel=0.01)
+    assert a6000.fp8_tflops is None and a6000.kernel_family == "ampere" and not a6000.inline_ecc
+    assert a6000.l2_mb == pytest.approx(6.0 * 84 / 84, rel=0.2)  # GA10x: 6 MiB (the A40's, per SM)
+    assert "not a datasheet" in a6000.source and "L2" in a6000.source
+    with_l2 = spec_from_facts(DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 2100, 8001, 384, 49140, 300,
+                                          l2_bytes=6 * 2**20))
+    assert with_l2.l2_mb == 6.0 and "as CUDA reports it" in with_l2.source
+
+
+@pytest.mark.parametrize(("facts", "why"), [
+    (DeviceFacts("Tesla T4", (7, 5), 2560, 1590, 5001, 256, 15360, 70), "compute capability 7.5"),
+    (DeviceFacts("NVIDIA X", (9, 0), 0, 1980, 2619, 5120, 81559, 700), "CUDA cores"),
+    (DeviceFacts("NVIDIA X", (9, 0), 16896, 1980, 2619, 0, 81559, 700), "memory bus width"),
+])
+def test_facts_m2live_cannot_use_are_one_line_errors(facts: DeviceFacts, why: str) -> None:
+    with pytest.raises(ValueError) as ei:
+        spec_from_facts(facts)
+    assert why in str(ei.value) and "\n" not in str(ei.value) and str(ei.value).startswith(facts.name)
+
+
+def fake_nvml(facts: DeviceFacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML as a driver answers for ``facts``: only functions the real pynvml has, with its constants."""
+    calls = {
+        "nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetName": lambda h: facts.name,
+        "nvmlDeviceGetCudaComputeCapability": lambda h: facts.compute_capability,
+        "nvmlDeviceGetNumGpuCores": lambda h: facts.cuda_cores,
+        "nvmlDeviceGetMaxClockInfo": lambda h, kind: facts.max_sm_mhz if kind == pynvml.NVML_CLOCK_SM
+        else facts.max_mem_mhz,
+        "nvmlDeviceGetMemoryBusWidth": lambda h: facts.mem_bus_bits,
+        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=facts.mem_total_mib * 2**20),
+        "nvmlDeviceGetPowerManagementDefaultLimit": lambda h: facts.power_limit_w * 1000,
+        "nvmlDeviceGetEccMode": lambda h: (int(facts.ecc), int(facts.ecc)),
+        "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: facts.pcie_gen,
+        "nvmlDeviceGetMaxPcieLinkWidth": lambda h: facts.pcie_width,
+        "nvmlDeviceGetDefaultApplicationsClock": lambda h, kind: facts.base_mhz,
+    }
+
+    def nvlink_state(h, link):
+        if link >= 18:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(link < facts.nvlinks)
+
+    calls["nvmlDeviceGetNvLinkState"] = nvlink_state
+    for fn in calls:
+        assert hasattr(pynvml, fn), fn  # the reader asks NVML only what NVML has
+    consts = {k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith("NVML_") or k == "NVMLError"}
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(**consts, **calls))
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA B200"])
+def test_the_nvml_reader_returns_the_facts(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(FACTS[name], monkeypatch)
+    got = read_nvml_facts(0)
+    assert got == FACTS[name]
+
+
+def test_the_plugin_reads_a_gpu_the_catalog_lacks(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """NVML names a GPU outside the catalog: the plugin predicts with the spec read from the device, registered
+    under its name, and says so in one warning; M2LIVE_GPU with an unknown name stays an error (a typo is not a
+    device to read); a catalog name never touches NVML."""
+    facts = DeviceFacts("NVIDIA RTX 6000 Ada Generation", (8, 9), 18176, 2505, 10001, 384, 49140, 300, pcie_gen=4,
+                        pcie_width=16, ecc=True)
+    fake_nvml(facts, monkeypatch)
+    monkeypatch.setattr(hardware, "_CUSTOM", {})  # what this test registers leaves with it
+    with caplog.at_level(logging.WARNING, logger="m2live"):
+        spec = live_device._catalog_or_device(facts.name, 0)
+    assert is_derived(spec) and spec.kernel_family == "ada" and spec.inline_ecc
+    assert get_gpu(facts.name) is spec  # registered: a calibration or a plan finds it by name
+    assert "not in m2live's GPU catalog" in caplog.text and "ada kernel family" in caplog.text
+    with pytest.raises(UnknownGpuError):
+        live_device._catalog_or_device("NVIDIA RTX 6000 Ada Generatoin", None)
+    assert live_device._catalog_or_device("NVIDIA H100 80GB HBM3", 0) is get_gpu("h100")
+
+
+def test_without_nvml_an_unknown_name_is_one_line_with_both_reasons() -> None:
+    """No driver on this machine: the catalog miss and the device read's failure, in one line."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver answers here: device 0 would be read")
+    with pytest.raises(ValueError) as ei:
+        catalog_or_device("NVIDIA Imaginary 9000", 0)
+    msg = str(ei.value)
+    assert "\n" not in msg and "unknown GPU 'NVIDIA Imaginary 9000'" in msg and "from the device failed" in msg
