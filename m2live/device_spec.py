@@ -159,56 +159,34 @@ def is_derived(spec: GpuSpec) -> bool:
 def read_nvml_facts(index: int) -> DeviceFacts:
     """DeviceFacts of NVML device ``index`` (NVML initialised and shut down here); TelemetryError when NVML or
     a fact the spec needs cannot be read."""
-    from .telemetry import TelemetryError
+    from .telemetry import TelemetryError, nvml_opt, nvml_session, nvml_str
 
-    try:
-        import pynvml  # nvidia-ml-py
-    except Exception as e:  # noqa: BLE001 - any import failure means "no NVML"
-        raise TelemetryError(f"nvidia-ml-py not importable: {e.__class__.__name__}: {e}") from None
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001
-        raise TelemetryError(f"NVML init failed: {e}") from None
-
-    def opt(fn, *a):
+    with nvml_session() as nv:
         try:
-            return fn(*a)
-        except Exception:  # noqa: BLE001 - optional on some boards
-            return None
-
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        name = pynvml.nvmlDeviceGetName(h)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        links = 0
-        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-            state = opt(pynvml.nvmlDeviceGetNvLinkState, h, link)
-            if state is None:
-                break
-            links += int(state == 1)
-        ecc = opt(pynvml.nvmlDeviceGetEccMode, h)
-        limit = opt(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h) or opt(
-            pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        return DeviceFacts(
-            name=name, compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-            cuda_cores=int(opt(pynvml.nvmlDeviceGetNumGpuCores, h) or 0),
-            max_sm_mhz=float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
-            max_mem_mhz=float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
-            mem_bus_bits=int(opt(pynvml.nvmlDeviceGetMemoryBusWidth, h) or 0),
-            mem_total_mib=mem.total / 2**20, power_limit_w=(limit or 0) / 1000.0, nvlinks=links,
-            pcie_gen=opt(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-            pcie_width=opt(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-            ecc=bool(ecc and ecc[0]),
-            base_mhz=opt(pynvml.nvmlDeviceGetDefaultApplicationsClock, h, pynvml.NVML_CLOCK_GRAPHICS),
-        )
-    except Exception as e:  # noqa: BLE001
-        raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+            links = 0
+            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+                state = nvml_opt(nv.nvmlDeviceGetNvLinkState, h, link)
+                if state is None:
+                    break
+                links += int(state == 1)
+            ecc = nvml_opt(nv.nvmlDeviceGetEccMode, h)
+            limit = nvml_opt(nv.nvmlDeviceGetPowerManagementDefaultLimit, h) or nvml_opt(
+                nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            return DeviceFacts(
+                name=nvml_str(nv.nvmlDeviceGetName(h)),
+                compute_capability=tuple(nv.nvmlDeviceGetCudaComputeCapability(h)),
+                cuda_cores=int(nvml_opt(nv.nvmlDeviceGetNumGpuCores, h) or 0),
+                max_sm_mhz=float(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)),
+                max_mem_mhz=float(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM)),
+                mem_bus_bits=int(nvml_opt(nv.nvmlDeviceGetMemoryBusWidth, h) or 0),
+                mem_total_mib=nv.nvmlDeviceGetMemoryInfo(h).total / 2**20, power_limit_w=(limit or 0) / 1000.0,
+                nvlinks=links, pcie_gen=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                pcie_width=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h), ecc=bool(ecc and ecc[0]),
+                base_mhz=nvml_opt(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
+            )
+        except Exception as e:  # noqa: BLE001
+            raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
 
 
 def catalog_or_device(name: str, nvml_index: int, l2_bytes: float | None = None) -> GpuSpec:

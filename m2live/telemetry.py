@@ -14,10 +14,11 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .limits import digits
 
@@ -394,11 +395,10 @@ def cpuinfo_mhz() -> float | None:
     return None
 
 
-def nvml_device_info(uuid: str = "", index: int = 0) -> dict:
-    """One NVML device's identity and limits: the device whose UUID contains ``uuid`` (CUDA's; indices differ
-    when CUDA_VISIBLE_DEVICES reorders them), else the first CUDA_VISIBLE_DEVICES entry that is an index, else
-    ``index``. Keys: nvml_index, name, uuid, driver, max_sm_mhz, max_mem_mhz, power_limit_w,
-    default_power_limit_w (None where the board does not say). NVML is shut down again before it returns."""
+@contextmanager
+def nvml_session() -> Iterator[Any]:
+    """pynvml, initialised, and shut down again on leaving; TelemetryError (one line) when it cannot be imported
+    or initialised."""
     try:
         import pynvml  # nvidia-ml-py
     except Exception as e:  # noqa: BLE001 - any import failure means "no NVML"
@@ -407,41 +407,53 @@ def nvml_device_info(uuid: str = "", index: int = 0) -> dict:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001
         raise TelemetryError(f"NVML init failed: {e}") from None
-
-    def s(v) -> str:
-        return v.decode() if isinstance(v, bytes) else str(v)
-
-    def opt(fn, *a):
-        try:
-            return fn(*a)
-        except Exception:  # noqa: BLE001 - optional on some boards
-            return None
-
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        found = [i for i in range(count) if uuid and uuid in s(
-            opt(pynvml.nvmlDeviceGetUUID, pynvml.nvmlDeviceGetHandleByIndex(i)) or "")]
-        if found:
-            index = found[0]
-        else:
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            index = int(vis) if digits(vis) and int(vis) < count else index
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        pl = opt(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-        pdl = opt(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
-        return {
-            "nvml_index": index, "name": s(pynvml.nvmlDeviceGetName(h)),
-            "uuid": s(opt(pynvml.nvmlDeviceGetUUID, h) or ""),
-            "driver": s(opt(pynvml.nvmlSystemGetDriverVersion) or ""),
-            "max_sm_mhz": opt(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
-            "max_mem_mhz": opt(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM),
-            "power_limit_w": None if pl is None else pl / 1000.0,
-            "default_power_limit_w": None if pdl is None else pdl / 1000.0,
-        }
-    except Exception as e:  # noqa: BLE001
-        raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
+        yield pynvml
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def nvml_opt(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None where the board does not answer (an NVML query some boards lack)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - optional on some boards
+        return None
+
+
+def nvml_str(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_device_info(uuid: str = "", index: int = 0) -> dict:
+    """One NVML device's identity and limits: the device whose UUID contains ``uuid`` (CUDA's; indices differ
+    when CUDA_VISIBLE_DEVICES reorders them), else the first CUDA_VISIBLE_DEVICES entry that is an index, else
+    ``index``. Keys: nvml_index, name, uuid, driver, max_sm_mhz, max_mem_mhz, power_limit_w,
+    default_power_limit_w (None where the board does not say). NVML is shut down again before it returns."""
+    with nvml_session() as pynvml:
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            found = [i for i in range(count) if uuid and uuid in nvml_str(
+                nvml_opt(pynvml.nvmlDeviceGetUUID, pynvml.nvmlDeviceGetHandleByIndex(i)) or "")]
+            if found:
+                index = found[0]
+            else:
+                vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+                index = int(vis) if digits(vis) and int(vis) < count else index
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pl = nvml_opt(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+            pdl = nvml_opt(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
+            return {
+                "nvml_index": index, "name": nvml_str(pynvml.nvmlDeviceGetName(h)),
+                "uuid": nvml_str(nvml_opt(pynvml.nvmlDeviceGetUUID, h) or ""),
+                "driver": nvml_str(nvml_opt(pynvml.nvmlSystemGetDriverVersion) or ""),
+                "max_sm_mhz": nvml_opt(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
+                "max_mem_mhz": nvml_opt(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM),
+                "power_limit_w": None if pl is None else pl / 1000.0,
+                "default_power_limit_w": None if pdl is None else pdl / 1000.0,
+            }
+        except Exception as e:  # noqa: BLE001
+            raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
