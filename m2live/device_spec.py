@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, get_gpu, register
+from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, arch_of, get_gpu, register
 
 DERIVED_SOURCE = "read from the device (NVML), not a datasheet"
 HBM_MIN_BUS_BITS = 2048  # HBM stacks are 1024 bits wide each; GDDR boards top out at 512
@@ -56,20 +56,6 @@ class DeviceFacts:
     ecc: bool = False  # ECC on (on a GDDR board: inline)
     base_mhz: float | None = None  # default applications clock, where the board has one
     l2_bytes: float | None = None  # where a caller knows it (CUDA's device properties)
-
-
-def arch_of(cc: tuple[int, int]) -> str:
-    """The catalog's architecture name for a compute capability; ValueError outside Ampere .. Blackwell."""
-    if cc in ((8, 0), (8, 6), (8, 7)):
-        return "ampere"
-    if cc == (8, 9):
-        return "ada"
-    if cc == (9, 0):
-        return "hopper"
-    if cc[0] in (10, 12):
-        return "blackwell"
-    raise ValueError(f"compute capability {cc[0]}.{cc[1]} is outside what m2live models (Ampere 8.0 to "
-                     "Blackwell 12.x)")
 
 
 def tensor_flop_per_clk(name: str, cc: tuple[int, int]) -> int:

@@ -16,8 +16,13 @@ Every number here is a datasheet (or vendor whitepaper) figure, never a fitted o
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from . import limits
 
 # Inline (in-band) ECC on GDDR: 1 byte of check bits per 16 of data, stored in the same devices and read over the
 # same channels — the capacity the driver reports shrinks to 15/16 and so does the bandwidth left for data
@@ -526,18 +531,20 @@ _CUSTOM: dict[str, GpuSpec] = {}
 
 def register(spec: GpuSpec) -> GpuSpec:
     """Add a device at run time (e.g. the CPU device measured by a microbenchmark)."""
-    for key in (spec.name, *spec.aliases):
+    for key in (spec.name, *spec.aliases, *spec.nvml_names):
         _CUSTOM[_gpu_key(key)] = spec
     return spec
 
 
 def get_gpu(name: str | GpuSpec) -> GpuSpec:
     """Resolve an exact NVML name (``NVIDIA H100 80GB HBM3``) or a short alias (``h100-sxm``), the vendor in front
-    or not."""
+    or not — or a JSON file describing a GPU the catalog lacks (``*.json``: ``load_spec_file``)."""
     if isinstance(name, GpuSpec):
         return name
     if not isinstance(name, str) or not name.strip():
         raise UnknownGpuError(f"GPU name must be a non-empty string, got {name!r}")
+    if name.strip().lower().endswith(".json"):
+        return load_spec_file(name.strip())
     key = _gpu_key(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
     if spec is not None:
@@ -545,6 +552,127 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
     close = close_matches(name)
     hint = f"; close matches: {', '.join(close)}" if close else "; see `m2live gpus` for the catalog"
     raise UnknownGpuError(f"unknown GPU {name!r}{hint}")
+
+
+def arch_of(cc: tuple[int, int]) -> str:
+    """The catalog's architecture name for a compute capability; ValueError outside Ampere .. Blackwell."""
+    if cc in ((8, 0), (8, 6), (8, 7)):
+        return "ampere"
+    if cc == (8, 9):
+        return "ada"
+    if cc == (9, 0):
+        return "hopper"
+    if cc[0] in (10, 12):
+        return "blackwell"
+    raise ValueError(f"compute capability {cc[0]}.{cc[1]} is outside what m2live models (Ampere 8.0 to "
+                     "Blackwell 12.x)")
+
+
+# A GPU described in a JSON file: the fields of a row of `m2live gpus --json` (which adds the three display-only
+# keys below), the derived ones optional, every number within its limits.py bound
+SPEC_REQUIRED = ("name", "compute_capability", "sms", "boost_mhz", "bf16_tflops", "memory", "mem_bw_gbs",
+                 "mem_gb", "l2_mb", "tdp_w", "interconnect", "interconnect_gbs", "source")
+SPEC_DISPLAY = ("cuda_total_gib", "inline_ecc", "data_bw_gbs")
+MEMORY_TECHNOLOGIES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
+INTERCONNECTS = ("nvlink", "pcie", "c2c", "none")
+SPEC_BOUNDS = {"sms": limits.GPU_SMS, "boost_mhz": limits.CLOCK_MHZ, "base_mhz": limits.CLOCK_MHZ,
+               "tflops_at_mhz": limits.CLOCK_MHZ, "bf16_tflops": limits.GPU_TFLOPS, "fp16_tflops": limits.GPU_TFLOPS,
+               "fp8_tflops": limits.GPU_TFLOPS, "mem_bw_gbs": limits.MEM_BW_GBS, "mem_gb": limits.MEM_GB,
+               "mem_total_mib": limits.Bound("MiB", 512.0, 1e7), "l2_mb": limits.L2_MB, "tdp_w": limits.TDP_W,
+               "interconnect_gbs": limits.LINK_GBS}
+
+
+def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
+    """A GpuSpec from a JSON object in the form `m2live gpus --json` writes; UnknownGpuError (one line) naming the
+    field that is missing, unknown, of the wrong type or out of range."""
+    def bad(msg: str) -> UnknownGpuError:
+        return UnknownGpuError(f"{where}: {msg}")
+
+    if not isinstance(doc, dict):
+        raise bad("a GPU spec is a JSON object (a row of `m2live gpus --json`)")
+    fields = {f.name for f in dataclasses.fields(GpuSpec)}
+    unknown = sorted(set(doc) - fields - set(SPEC_DISPLAY))
+    if unknown:
+        raise bad(f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(fields))})")
+    missing = [k for k in SPEC_REQUIRED if doc.get(k) is None]
+    if missing:
+        raise bad(f"missing {', '.join(missing)}")
+    for k in ("name", "source", "memory", "interconnect"):
+        if not isinstance(doc[k], str) or not doc[k].strip():
+            raise bad(f"{k} must be a non-empty string, got {doc[k]!r}")
+    cc = doc["compute_capability"]
+    if not (isinstance(cc, list | tuple) and len(cc) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in cc)):
+        raise bad(f"compute_capability must be [major, minor], got {cc!r}")
+    cc = (int(cc[0]), int(cc[1]))
+    try:
+        arch = arch_of(cc)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    if doc.get("arch") not in (None, arch):
+        raise bad(f"arch {doc['arch']!r} is not compute capability {cc[0]}.{cc[1]}'s ({arch})")
+    if doc["memory"] not in MEMORY_TECHNOLOGIES:
+        raise bad(f"memory {doc['memory']!r} is not one of {', '.join(MEMORY_TECHNOLOGIES)}")
+    if doc["interconnect"] not in INTERCONNECTS:
+        raise bad(f"interconnect {doc['interconnect']!r} is not one of {', '.join(INTERCONNECTS)}")
+    num: dict[str, float] = {}
+    for k, bound in SPEC_BOUNDS.items():
+        if doc.get(k) is not None:
+            try:
+                num[k] = bound.check(doc[k], k)
+            except ValueError as e:
+                raise bad(str(e)) from None
+    boost = num["boost_mhz"]
+    base = num.get("base_mhz", boost)
+    if base > boost:
+        raise bad(f"base_mhz {base:g} is above boost_mhz {boost:g}")
+    fp8 = num.get("fp8_tflops")
+    if fp8 is None and "fp8_tflops" not in doc and cc >= (8, 9):
+        fp8 = 2 * num["bf16_tflops"]  # Ada and later: twice the bf16 rate
+    if fp8 is not None and cc < (8, 9):
+        raise bad(f"fp8_tflops given for compute capability {cc[0]}.{cc[1]}, whose tensor cores have no fp8")
+    names: list[str] = []
+    for k in ("aliases", "nvml_names"):
+        v = doc.get(k) or []
+        if not (isinstance(v, list) and all(isinstance(a, str) and a.strip() for a in v)):
+            raise bad(f"{k} must be a list of names, got {v!r}")
+        names.append(v)
+    return GpuSpec(
+        name=doc["name"].strip(), arch=arch, compute_capability=cc, sms=int(num["sms"]), base_mhz=base,
+        boost_mhz=boost, bf16_tflops=num["bf16_tflops"], fp16_tflops=num.get("fp16_tflops", num["bf16_tflops"]),
+        fp8_tflops=fp8, tflops_at_mhz=num.get("tflops_at_mhz", boost), mem_bw_gbs=num["mem_bw_gbs"],
+        mem_gb=num["mem_gb"], l2_mb=num["l2_mb"], tdp_w=num["tdp_w"], interconnect=doc["interconnect"],
+        interconnect_gbs=num["interconnect_gbs"], source=doc["source"].strip(), memory=doc["memory"],
+        aliases=tuple(a.strip().lower() for a in names[0]), nvml_names=tuple(names[1]),
+        mem_total_mib=num.get("mem_total_mib"),
+    )
+
+
+def load_spec_file(path: str) -> GpuSpec:
+    """The GPU a JSON file describes (``spec_from_dict``: one object, or a list holding one), registered under
+    its names for this process. A name the catalog or another file already gives a different GPU is refused: a
+    calibration, a trace and a ranking name the GPU, so one name is one GPU. UnknownGpuError, one line."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else str(e)
+        raise UnknownGpuError(f"GPU spec {path}: {why}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UnknownGpuError(f"GPU spec {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if isinstance(doc, list):
+        if len(doc) != 1:
+            raise UnknownGpuError(f"GPU spec {path}: a list of {len(doc)} GPUs; a spec file describes one")
+        doc = doc[0]
+    spec = spec_from_dict(doc, f"GPU spec {path}")
+    for key in (spec.name, *spec.aliases, *spec.nvml_names):
+        taken = _CUSTOM.get(_gpu_key(key)) or _INDEX.get(_gpu_key(key))
+        if taken is not None and taken != spec:
+            raise UnknownGpuError(f"GPU spec {path}: the name {key!r} is already {taken.name}'s "
+                                  f"({'the catalog' if _INDEX.get(_gpu_key(key)) is taken else 'another spec'}); "
+                                  "give this GPU a name of its own")
+    return register(spec)
 
 
 def close_matches(name: str, n: int = 4) -> list[str]:

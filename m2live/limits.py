@@ -91,6 +91,15 @@ TP = Bound("GPUs", 1, 1024, integer=True)  # tensor-parallel size
 CLOCK_MHZ = Bound("MHz", 1.0, 10_000.0)  # SM / core clock; GPUs boost below 3 GHz, CPUs below 6.5 GHz
 RATE_RPS = Bound("requests/s", 1e-6, 1e6)  # arrival rate of a workload
 
+# --- a GPU described in a JSON file (hardware.load_spec_file): physical ranges with room past any GPU shipped
+GPU_SMS = Bound("SMs", 1, 1024, integer=True)  # streaming multiprocessors (B200: 148, RTX PRO 6000: 188)
+GPU_TFLOPS = Bound("TFLOP/s", 0.01, 1e5)  # a dense tensor peak (B300 fp8: 4,500)
+MEM_BW_GBS = Bound("GB/s", 1.0, 1e5)  # DRAM bandwidth (B200: 8,000)
+MEM_GB = Bound("GB", 0.5, 1e4)  # device memory (B300: 288)
+L2_MB = Bound("MiB", 0.0625, 4096.0)  # L2 cache (B200: 126.5)
+TDP_W = Bound("W", 5.0, 5000.0)  # board power limit (GB300: 1,400)
+LINK_GBS = Bound("GB/s", 0.1, 1e5)  # per-direction interconnect (NVLink5: 900)
+
 # --- serving simulation priors a user may set (m2live simulate) --------------------------------------------------
 FRONTEND_MS = Bound("ms", 0.0, 60_000.0)  # client <-> engine path, each way: a minute at most
 TOKENIZE_US = Bound("us", 0.0, 10_000.0)  # the API server's tokenising, per prompt token

@@ -265,3 +265,112 @@ def test_inline_ecc_slows_a_stream_and_never_speeds_one() -> None:
     ratio = OpModel(ecc).gemm(1, 16384, 16384).t / OpModel(plain).gemm(1, 16384, 16384).t
     assert ratio == pytest.approx(16 / 15, rel=0.02)
     assert OpModel(ecc).gemm(8192, 8192, 8192).t / OpModel(plain).gemm(8192, 8192, 8192).t < 1.02
+
+
+# --- a GPU described in a JSON file -----------------------------------------------------------------------------
+def catalog_rows() -> list[dict]:
+    r = subprocess.run([str(M2LIVE), "gpus", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_every_catalog_row_is_a_spec_file_of_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row of `m2live gpus --json`, saved as a file, is read back as the same GPU (the display-only keys
+    ignored), and a file naming a catalog GPU with the catalog's numbers is that GPU."""
+    from m2live import hardware
+
+    monkeypatch.setattr(hardware, "_CUSTOM", {})
+    for row in catalog_rows():
+        path = tmp_path / "gpu.json"
+        path.write_text(json.dumps([row]))
+        assert get_gpu(str(path)) == get_gpu(row["name"]), row["name"]
+
+
+def test_an_edited_row_is_a_gpu_of_its_own(tmp_path: Path) -> None:
+    """A B200 held to 700 W, described by editing its row: every command takes the file where it takes a GPU
+    name, the power model prices the lower limit (a sustained step slower than the catalog's B200), and a batch
+    row names it too."""
+    row = next(r for r in catalog_rows() if r["name"] == "NVIDIA B200")
+    row.update(name="NVIDIA B200 (700 W)", tdp_w=700, aliases=["b200-700w"], nvml_names=[], mem_total_mib=None,
+               source="NVIDIA B200 datasheet, the power limit set to 700 W with nvidia-smi -pl")
+    spec = tmp_path / "b200_700w.json"
+    spec.write_text(json.dumps(row))
+
+    def tpot(gpu: str) -> float:
+        r = subprocess.run([str(M2LIVE), "simulate", "--model", "meta-llama/Llama-3.1-70B", "--precision", "fp8",
+                            "--gpu", gpu, "--tp", "4", "--isl", "1024", "--osl", "256", "--concurrency", "32",
+                            "--json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["tpot_ms"]
+
+    assert tpot(str(spec)) > tpot("b200")
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", str(spec), "--prefill", "4096", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(M2LIVE), "rank", "--model", "meta-llama/Llama-3.1-8B", "--workload", "chat",
+                        "--gpus", f"b200,{spec}", "--tp", "1", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "NVIDIA B200 (700 W)" in r.stdout and "NVIDIA B200" in r.stdout
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    ({"sms": 0}, "sms must be within"),
+    ({"sms": "148"}, "sms must be a number"),
+    ({"mem_bw_gbs": float("inf")}, "mem_bw_gbs must be"),
+    ({"compute_capability": [7, 5]}, "compute capability 7.5 is outside"),
+    ({"compute_capability": "10.0"}, "compute_capability must be [major, minor]"),
+    ({"arch": "hopper"}, "arch 'hopper' is not compute capability 10.0's"),
+    ({"memory": "HBM4"}, "memory 'HBM4' is not one of"),
+    ({"interconnect": "infiniband"}, "interconnect 'infiniband' is not one of"),
+    ({"tdp_w": None}, "missing tdp_w"),
+    ({"tdp_watts": 700}, "unknown field 'tdp_watts'"),
+    ({"base_mhz": 3000}, "base_mhz 3000 is above boost_mhz"),
+    ({"name": "NVIDIA B200"}, "already NVIDIA B200's (the catalog)"),
+    ({"aliases": ["h100"]}, "the name 'h100' is already NVIDIA H100 80GB HBM3's"),
+    ({"source": ""}, "source must be a non-empty string"),
+])
+def test_a_bad_spec_file_is_one_line_exit_2(tmp_path: Path, edit: dict, why: str) -> None:
+    row = next(r for r in catalog_rows() if r["name"] == "NVIDIA B200")
+    row.update(name="My B200", aliases=[], nvml_names=[])
+    row.update(edit)
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps(row))
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", str(spec), "--decode", "100"], capture_output=True,
+                       text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert why in lines[0] and str(spec) in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    ("{not json", "not JSON"),
+    ("[]", "a list of 0 GPUs"),
+    ('[{"name": "a"}, {"name": "b"}]', "a list of 2 GPUs"),
+    ('"NVIDIA B200"', "a GPU spec is a JSON object"),
+    (None, "no such file"),
+])
+def test_an_unusable_spec_file_is_one_line_exit_2(tmp_path: Path, content: str | None, why: str) -> None:
+    spec = tmp_path / "gpu.json"
+    if content is not None:
+        spec.write_text(content)
+    r = subprocess.run([str(M2LIVE), "simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", str(spec),
+                        "--isl", "128", "--osl", "16", "--concurrency", "1"], capture_output=True, text=True,
+                       timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
+
+
+def test_gpus_device_without_a_driver_is_one_line_exit_2() -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver answers here")
+    r = subprocess.run([str(M2LIVE), "gpus", "--device"], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--device 0: NVML" in lines[0], r.stderr
