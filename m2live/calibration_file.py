@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ from .calibration_params import (
     row_kind,
 )
 from .efficiency import ArchConstants, constants_for
-from .hardware import GpuSpec, get_gpu
+from .hardware import GpuSpec, adopt, get_gpu, in_catalog, spec_from_dict
 from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
@@ -135,6 +136,9 @@ class Calibration:
             doc["constants_fp8"] = self.constants_fp8
         if self.held:
             doc["held"] = self.held
+        gpu = get_gpu(self.gpu)
+        if not in_catalog(gpu):  # a GPU described by a file or read from its device: the calibration carries it
+            doc["gpu_spec"] = json.loads(json.dumps(dataclasses.asdict(gpu)))
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -148,6 +152,10 @@ class Calibration:
         if doc.get("schema") != SCHEMA:
             raise CalibrationError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
         try:
+            if doc.get("gpu_spec") is not None:  # a GPU outside the catalog, described in the file
+                spec = adopt(spec_from_dict(doc["gpu_spec"], "gpu_spec"), "gpu_spec")
+                if spec.name != str(doc["gpu"]):
+                    raise CalibrationError(f"{where}: gpu_spec describes {spec.name!r}, not {doc['gpu']!r}")
             gpu = get_gpu(str(doc["gpu"]))
         except KeyError as e:
             raise CalibrationError(f"{where}: {e}") from None

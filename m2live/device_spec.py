@@ -16,8 +16,9 @@ L2 size, and the plugin asks NVML for it (no CUDA context: the engine's GPUs sta
   boards clocked past 9.5 GHz, else GDDR6); ECC on a GDDR board is inline, its 1/16 taken from the data;
 - the power limit → the power model's budget; active NVLink links x the generation's per-link rate, else the PCIe
   link → the all-reduce's interconnect;
-- the L2 size, where no caller knows it (NVML does not report it), from the catalog's GPU of the same compute
-  capability with the nearest SM count, scaled by the SM ratio.
+- the L2 size, which NVML does not report, from the catalog's GPU of the same compute capability with the nearest
+  SM count, scaled by the SM ratio (a caller that knows it may say so: ``DeviceFacts.l2_bytes``; the plugin and
+  the probe do not, so that a calibration one writes describes the GPU as the other reads it).
 
 The spec's ``source`` says it was read from the device, and the plugin's start-up line shows it. Nothing here is
 fitted; the efficiency constants are the kernel family's, as for any GPU m2live never measured.
@@ -25,9 +26,9 @@ fitted; the efficiency constants are the kernel family's, as for any GPU m2live 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, arch_of, get_gpu, register
+from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, adopt, arch_of, get_gpu
 
 DERIVED_SOURCE = "read from the device (NVML), not a datasheet"
 HBM_MIN_BUS_BITS = 2048  # HBM stacks are 1024 bits wide each; GDDR boards top out at 512
@@ -175,19 +176,18 @@ def read_nvml_facts(index: int) -> DeviceFacts:
             raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
 
 
-def catalog_or_device(name: str, nvml_index: int, l2_bytes: float | None = None) -> GpuSpec:
+def catalog_or_device(name: str, nvml_index: int) -> GpuSpec:
     """The catalog's row for ``name`` (a GPU NVML named as device ``nvml_index``); for a GPU the catalog does not
-    list, its spec read from that device (``spec_from_facts``; ``l2_bytes`` from CUDA where the caller has it),
-    registered under its name so that later lookups in this process (a calibration, a plan) find it. ValueError,
-    one line, when neither works."""
+    list, its spec read from that device (``spec_from_facts``, from NVML alone, so that the plugin, the probe and
+    a calibration written by one and read by another describe the GPU alike), registered under its name so that
+    later lookups in this process (a calibration, a plan) find it. ValueError, one line, when neither works."""
     from .telemetry import TelemetryError
 
     try:
         return get_gpu(name)
     except UnknownGpuError as e:
         try:
-            facts = read_nvml_facts(nvml_index)
-            spec = spec_from_facts(replace(facts, l2_bytes=l2_bytes or facts.l2_bytes))
+            spec = spec_from_facts(read_nvml_facts(nvml_index))
         except (TelemetryError, ValueError) as why:
             raise ValueError(f"{e}; reading its spec from the device failed too: {why}") from None
-        return register(spec)
+        return adopt(spec, f"NVML device {nvml_index}")

@@ -665,14 +665,27 @@ def load_spec_file(path: str) -> GpuSpec:
         if len(doc) != 1:
             raise UnknownGpuError(f"GPU spec {path}: a list of {len(doc)} GPUs; a spec file describes one")
         doc = doc[0]
-    spec = spec_from_dict(doc, f"GPU spec {path}")
+    return adopt(spec_from_dict(doc, f"GPU spec {path}"), f"GPU spec {path}")
+
+
+def adopt(spec: GpuSpec, where: str) -> GpuSpec:
+    """Register ``spec`` (a GPU described outside the catalog: a spec file, a calibration's own copy) under its
+    names, unless one of them already belongs to a different GPU (UnknownGpuError, one line)."""
     for key in (spec.name, *spec.aliases, *spec.nvml_names):
         taken = _CUSTOM.get(_gpu_key(key)) or _INDEX.get(_gpu_key(key))
-        if taken is not None and taken != spec:
-            raise UnknownGpuError(f"GPU spec {path}: the name {key!r} is already {taken.name}'s "
-                                  f"({'the catalog' if _INDEX.get(_gpu_key(key)) is taken else 'another spec'}); "
-                                  "give this GPU a name of its own")
+        if taken is None or taken == spec:
+            continue
+        if _INDEX.get(_gpu_key(key)) is taken:
+            raise UnknownGpuError(f"{where}: the name {key!r} is the catalog's {taken.name}; give this GPU a name "
+                                  "of its own (a calibration, a trace and a ranking name the GPU)")
+        raise UnknownGpuError(f"{where}: the name {key!r} already describes another GPU here ({taken.source}); one "
+                              "name is one GPU")
     return register(spec)
+
+
+def in_catalog(spec: GpuSpec) -> bool:
+    """Whether ``spec`` is a catalog row (not a GPU described by a file or read from a device)."""
+    return _INDEX.get(_gpu_key(spec.name)) == spec
 
 
 def close_matches(name: str, n: int = 4) -> list[str]:

@@ -367,6 +367,7 @@ def test_calibration_never_worsens_the_rows_it_was_fitted_on(folder):
 def test_calibration_file_round_trips_and_names_its_contents(cal_file):
     doc = json.loads(cal_file.read_text())
     assert doc["schema"] == cal.SCHEMA and doc["gpu"] == H100 and doc["arch"] == "hopper"
+    assert "gpu_spec" not in doc  # a catalog GPU: the name says it all
     assert doc["m2live_version"] and doc["created"]
     assert doc["rows"] == {**cal.DEFAULT_BUDGET, "gemm_fp8": 0}  # no fp8 table measured
     assert set(doc["residual"]) == set(BF16_KINDS) and "constants_fp8" not in doc

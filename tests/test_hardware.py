@@ -326,8 +326,8 @@ def test_an_edited_row_is_a_gpu_of_its_own(tmp_path: Path) -> None:
     ({"tdp_w": None}, "missing tdp_w"),
     ({"tdp_watts": 700}, "unknown field 'tdp_watts'"),
     ({"base_mhz": 3000}, "base_mhz 3000 is above boost_mhz"),
-    ({"name": "NVIDIA B200"}, "already NVIDIA B200's (the catalog)"),
-    ({"aliases": ["h100"]}, "the name 'h100' is already NVIDIA H100 80GB HBM3's"),
+    ({"name": "NVIDIA B200"}, "the name 'NVIDIA B200' is the catalog's NVIDIA B200"),
+    ({"aliases": ["h100"]}, "the name 'h100' is the catalog's NVIDIA H100 80GB HBM3"),
     ({"source": ""}, "source must be a non-empty string"),
 ])
 def test_a_bad_spec_file_is_one_line_exit_2(tmp_path: Path, edit: dict, why: str) -> None:
@@ -374,3 +374,44 @@ def test_gpus_device_without_a_driver_is_one_line_exit_2() -> None:
     r = subprocess.run([str(M2LIVE), "gpus", "--device"], capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "--device 0: NVML" in lines[0], r.stderr
+
+
+def test_a_calibration_of_a_described_gpu_carries_its_spec(tmp_path: Path) -> None:
+    """A calibration fitted for a GPU described in a file holds that description, so it works alone (no --gpu
+    file, a later process); one fitted for a catalog GPU holds none; a calibration whose description contradicts
+    the one already in use is refused in one line."""
+    import csv
+
+    row = next(r for r in catalog_rows() if r["name"] == "NVIDIA B300 SXM6 AC")
+    row.update(name="NVIDIA B300 at 900 W", tdp_w=900, aliases=[], nvml_names=[],
+               source="NVIDIA HGX B300 datasheet, the power limit set to 900 W")
+    spec = tmp_path / "b300_900w.json"
+    spec.write_text(json.dumps(row))
+    plan = tmp_path / "plan.csv"
+    r = subprocess.run([str(M2LIVE), "calibrate", "plan", "--gpu", str(spec), "--kind", "gemm", "-o", str(plan)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    measured = {(t["m"], t["n"], t["k"]): t["latency_ms"] for t in csv.DictReader(
+        open(Path(__file__).resolve().parents[2] / "shared/data/opbench/b300_sxm/gemm_bf16.csv"))}
+    rows = [{**p, "latency_ms": measured[(p["m"], p["n"], p["k"])]} for p in csv.DictReader(open(plan))]
+    tables = tmp_path / "measured"
+    tables.mkdir()
+    with open(tables / "gemm_bf16.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    cal = tmp_path / "cal.json"
+    r = subprocess.run([str(M2LIVE), "calibrate", "fit", str(tables), "--gpu", str(spec), "-o", str(cal)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cal.read_text())
+    assert doc["gpu"] == "NVIDIA B300 at 900 W" and doc["gpu_spec"]["tdp_w"] == 900
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", "NVIDIA B300 at 900 W", "--calibration", str(cal),
+                        "--prefill", "2048", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    other = dict(row, tdp_w=1000)
+    spec.write_text(json.dumps(other))
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", str(spec), "--calibration", str(cal), "--prefill", "2048"],
+                       capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "already describes another GPU here" in lines[0], r.stderr

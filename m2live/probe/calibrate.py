@@ -251,13 +251,9 @@ def _open(dry_run: bool, gpu: str | None) -> tuple[Any, GpuSpec, Any]:
     torch = load_torch(dry_run)
     if dry_run:
         return torch, get_gpu(gpu or DRY_GPU), torch.device("cpu")
-    try:  # a GPU outside the catalog: its terms read from the device (device_spec), its L2 from CUDA
-        if gpu:
-            spec = get_gpu(gpu)
-        else:
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            spec = catalog_or_device(torch.cuda.get_device_name(), _nvml_info(torch)["nvml_index"],
-                                     getattr(props, "L2_cache_size", None) or None)
+    try:  # a GPU outside the catalog: its terms read from the device (device_spec)
+        spec = get_gpu(gpu) if gpu else catalog_or_device(torch.cuda.get_device_name(),
+                                                          _nvml_info(torch)["nvml_index"])
     except (KeyError, ValueError) as e:
         raise ProbeError(f"{e}; pass --gpu with the catalog name to calibrate") from None
     return torch, spec, torch.device("cuda", torch.cuda.current_device())

@@ -100,9 +100,8 @@ def _gpu_env(torch: Any, gpu_override: str | None) -> tuple[_Device, GpuSpec, Cl
     info = _nvml_info(torch)
     dev = _Device(torch, cuda=True)
     props = torch.cuda.get_device_properties(dev.device)
-    try:  # a GPU outside the catalog: its terms read from the device, its L2 from CUDA (device_spec)
-        spec = get_gpu(gpu_override) if gpu_override else catalog_or_device(
-            info["name"], info["nvml_index"], getattr(props, "L2_cache_size", None) or None)
+    try:  # a GPU outside the catalog: its terms read from the device (device_spec)
+        spec = get_gpu(gpu_override) if gpu_override else catalog_or_device(info["name"], info["nvml_index"])
     except (KeyError, ValueError) as e:
         raise ProbeError(f"{e}; pass --gpu with the catalog name to predict for") from None
     try:
