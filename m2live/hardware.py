@@ -285,6 +285,17 @@ CATALOG: tuple[GpuSpec, ...] = (
                "6 MB L2 (149.7 TF = 84 x 1024 x 1740 MHz)",
         aliases=("a40",),
     ),
+    GpuSpec(
+        name="NVIDIA RTX A6000", arch="ampere", compute_capability=(8, 6), sms=84,
+        base_mhz=1410, boost_mhz=1800, bf16_tflops=154.8, fp16_tflops=154.8, fp8_tflops=None,
+        tflops_at_mhz=1800,
+        memory="GDDR6", mem_bw_gbs=768, mem_gb=48, mem_total_mib=49140, l2_mb=6, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA RTX A6000 datasheet (10,752 CUDA cores = 84 SMs, Tensor 309.7* TF -> 154.8 dense = 84 x "
+               "1024 x 1800 MHz, 48 GB GDDR6 768 GB/s, 300 W, PCIe Gen4 x16; the 2-way NVLink bridge, 112.5 GB/s, "
+               "not assumed); GA102 6 MB L2 as the A40; 49140 MiB as public nvidia-smi outputs show it (ECC off "
+               "by default); base clock 1410 MHz a third-party listing",
+        aliases=("rtxa6000", "a6000"),
+    ),
     # ---------------------------------------------------------------- Ada Lovelace
     GpuSpec(
         name="NVIDIA L4", arch="ada", compute_capability=(8, 9), sms=58,
@@ -304,6 +315,17 @@ CATALOG: tuple[GpuSpec, ...] = (
                "300 W, PCIe Gen4; no NVLink); AD102 142 SMs, 735/2490 MHz, 96 MB L2 "
                "(181.05 TF = 142 x 512 x 2490 MHz: fp32-accumulate half rate)",
         aliases=("l40",),
+    ),
+    GpuSpec(
+        name="NVIDIA RTX 6000 Ada Generation", arch="ada", compute_capability=(8, 9), sms=142,
+        base_mhz=915, boost_mhz=2505, bf16_tflops=364.2, fp16_tflops=364.2, fp8_tflops=728.5,
+        tflops_at_mhz=2505,
+        memory="GDDR6", mem_bw_gbs=960, mem_gb=48, mem_total_mib=49140, l2_mb=96, tdp_w=300, interconnect="pcie", interconnect_gbs=32,
+        source="NVIDIA RTX 6000 Ada Generation datasheet (18,176 CUDA cores = 142 SMs, Tensor 1,457.0* TF FP8 -> "
+               "728.5 dense, BF16 half of it = 142 x 1024 x 2505 MHz, 48 GB GDDR6 960 GB/s, 300 W, PCIe Gen4 x16, "
+               "no NVLink); AD102 96 MB L2 as the L40S; 49140 MiB as public nvidia-smi outputs show it (ECC off by "
+               "default); base clock 915 MHz a third-party listing",
+        aliases=("rtx6000ada", "rtx6000-ada", "rtx-6000-ada"),
     ),
     GpuSpec(
         name="NVIDIA L40S", arch="ada", compute_capability=(8, 9), sms=142,

@@ -33,6 +33,10 @@ FACTS = {
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": DeviceFacts(
         "NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 24064, 2617, 12477, 512, 97887, 600, pcie_gen=5,
         pcie_width=16),
+    "NVIDIA RTX A6000": DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 1800, 8001, 384, 49140, 300, pcie_gen=4,
+                                    pcie_width=16),
+    "NVIDIA RTX 6000 Ada Generation": DeviceFacts("NVIDIA RTX 6000 Ada Generation", (8, 9), 18176, 2505, 10001, 384,
+                                                  49140, 300, pcie_gen=4, pcie_width=16),
     "NVIDIA A40": DeviceFacts("NVIDIA A40", (8, 6), 10752, 1740, 7251, 384, 46068, 300, pcie_gen=4, pcie_width=16,
                               ecc=True),
 }
@@ -59,20 +63,20 @@ def test_device_facts_give_back_the_datasheet_row(name: str) -> None:
 
 
 def test_a_gpu_the_catalog_lacks() -> None:
-    """An RTX A6000 (GA102, professional: full-rate FP32-accumulating tensor cores, ECC off by default) and a
+    """An RTX A5000 (GA102, professional: full-rate FP32-accumulating tensor cores, ECC off by default) and a
     GeForce RTX 3090 (the same die, half rate, GDDR6X): what the derivation makes of them."""
-    a6000 = spec_from_facts(DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 2100, 8001, 384, 49140, 300,
+    a5000 = spec_from_facts(DeviceFacts("NVIDIA RTX A5000", (8, 6), 8192, 2100, 8001, 384, 24564, 230,
                                         pcie_gen=4, pcie_width=16))
     rtx3090 = spec_from_facts(DeviceFacts("NVIDIA GeForce RTX 3090", (8, 6), 10496, 2100, 9751, 384, 24576, 350,
                                           pcie_gen=4, pcie_width=16))
-    assert a6000.sms == 84 and a6000.bf16_tflops == pytest.approx(84 * 1024 * 2100e6 / 1e12, rel=1e-3)
+    assert a5000.sms == 64 and a5000.bf16_tflops == pytest.approx(64 * 1024 * 2100e6 / 1e12, rel=1e-3)
     assert rtx3090.bf16_tflops == pytest.approx(82 * 512 * 2100e6 / 1e12, rel=1e-3)
-    assert (a6000.memory, rtx3090.memory) == ("GDDR6", "GDDR6X")
-    assert a6000.mem_bw_gbs == pytest.approx(768, rel=0.01) and rtx3090.mem_bw_gbs == pytest.approx(936, rel=0.01)
-    assert a6000.fp8_tflops is None and a6000.kernel_family == "ampere" and not a6000.inline_ecc
-    assert a6000.l2_mb == pytest.approx(6.0 * 84 / 84, rel=0.2)  # GA10x: 6 MiB (the A40's, per SM)
-    assert "not a datasheet" in a6000.source and "L2" in a6000.source
-    with_l2 = spec_from_facts(DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 2100, 8001, 384, 49140, 300,
+    assert (a5000.memory, rtx3090.memory) == ("GDDR6", "GDDR6X")
+    assert a5000.mem_bw_gbs == pytest.approx(768, rel=0.01) and rtx3090.mem_bw_gbs == pytest.approx(936, rel=0.01)
+    assert a5000.fp8_tflops is None and a5000.kernel_family == "ampere" and not a5000.inline_ecc
+    assert a5000.l2_mb == pytest.approx(6.0 * 64 / 72, rel=0.01)  # GA10x: the nearest sibling (A10, 72 SMs, 6 MiB)
+    assert "not a datasheet" in a5000.source and "L2" in a5000.source
+    with_l2 = spec_from_facts(DeviceFacts("NVIDIA RTX A5000", (8, 6), 8192, 2100, 8001, 384, 24564, 230,
                                           l2_bytes=6 * 2**20))
     assert with_l2.l2_mb == 6.0 and "as CUDA reports it" in with_l2.source
 
@@ -130,7 +134,7 @@ def test_the_plugin_reads_a_gpu_the_catalog_lacks(monkeypatch: pytest.MonkeyPatc
     """NVML names a GPU outside the catalog: the plugin predicts with the spec read from the device, registered
     under its name, and says so in one warning; M2LIVE_GPU with an unknown name stays an error (a typo is not a
     device to read); a catalog name never touches NVML."""
-    facts = DeviceFacts("NVIDIA RTX 6000 Ada Generation", (8, 9), 18176, 2505, 10001, 384, 49140, 300, pcie_gen=4,
+    facts = DeviceFacts("NVIDIA RTX 5000 Ada Generation", (8, 9), 12800, 2550, 9001, 256, 32760, 250, pcie_gen=4,
                         pcie_width=16, ecc=True)
     fake_nvml(facts, monkeypatch)
     monkeypatch.setattr(hardware, "_CUSTOM", {})  # what this test registers leaves with it
@@ -140,7 +144,7 @@ def test_the_plugin_reads_a_gpu_the_catalog_lacks(monkeypatch: pytest.MonkeyPatc
     assert get_gpu(facts.name) is spec  # registered: a calibration or a plan finds it by name
     assert "not in m2live's GPU catalog" in caplog.text and "ada kernel family" in caplog.text
     with pytest.raises(UnknownGpuError):
-        live_device._catalog_or_device("NVIDIA RTX 6000 Ada Generatoin", None)
+        live_device._catalog_or_device("NVIDIA RTX 5000 Ada Generatoin", None)
     assert live_device._catalog_or_device("NVIDIA H100 80GB HBM3", 0) is get_gpu("h100")
 
 
