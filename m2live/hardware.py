@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import limits
 
@@ -675,7 +674,12 @@ def load_spec_file(path: str) -> GpuSpec:
     its names for this process. A name the catalog or another file already gives a different GPU is refused: a
     calibration, a trace and a ranking name the GPU, so one name is one GPU. UnknownGpuError, one line."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:  # (not a FIFO's endless stream or a stray multi-GB file: a spec is ~1 KB)
+            raw = f.read(limits.SPEC_FILE_MAX_BYTES + 1)
+        if len(raw) > limits.SPEC_FILE_MAX_BYTES:
+            raise UnknownGpuError(f"GPU spec {path}: larger than {limits.SPEC_FILE_MAX_BYTES} bytes; a GPU spec "
+                                  "is one row of `m2live gpus --json`")
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as e:
         why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else str(e)
         raise UnknownGpuError(f"GPU spec {path}: {why}") from None

@@ -99,6 +99,7 @@ MEM_GB = Bound("GB", 0.5, 1e4)  # device memory (B300: 288)
 L2_MB = Bound("MiB", 0.0625, 4096.0)  # L2 cache (B200: 126.5)
 TDP_W = Bound("W", 5.0, 5000.0)  # board power limit (GB300: 1,400)
 LINK_GBS = Bound("GB/s", 0.1, 1e5)  # per-direction interconnect (NVLink5: 900)
+SPEC_FILE_MAX_BYTES = 1 << 20  # a GPU spec file (one row of `m2live gpus --json`: ~1 KB)
 
 # --- serving simulation priors a user may set (m2live simulate) --------------------------------------------------
 FRONTEND_MS = Bound("ms", 0.0, 60_000.0)  # client <-> engine path, each way: a minute at most

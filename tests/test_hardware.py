@@ -349,11 +349,13 @@ def test_a_bad_spec_file_is_one_line_exit_2(tmp_path: Path, edit: dict, why: str
     ('[{"name": "a"}, {"name": "b"}]', "a list of 2 GPUs"),
     ('"NVIDIA B200"', "a GPU spec is a JSON object"),
     (None, "no such file"),
+    ("x" * (2 << 20), "larger than 1048576 bytes"),
+    ("\udcff", "codec can't decode"),
 ])
 def test_an_unusable_spec_file_is_one_line_exit_2(tmp_path: Path, content: str | None, why: str) -> None:
     spec = tmp_path / "gpu.json"
     if content is not None:
-        spec.write_text(content)
+        spec.write_bytes(content.encode("utf-8", "surrogateescape"))
     r = subprocess.run([str(M2LIVE), "simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", str(spec),
                         "--isl", "128", "--osl", "16", "--concurrency", "1"], capture_output=True, text=True,
                        timeout=60)
