@@ -1,36 +1,51 @@
 """A GPU outside the catalog, described by what the device itself reports.
 
-The catalog (``hardware.CATALOG``) holds datasheet rows. A GPU it does not list — an RTX A6000, an RTX 6000 Ada, a
-GeForce card, next year's part — still tells the driver everything the model's datasheet terms need, except its
+The catalog (``hardware.CATALOG``) holds datasheet rows. A GPU it does not list — an RTX A5000, an L20, a GeForce
+card, next year's part — still tells the driver everything the model's datasheet terms need, except its
 L2 size, and the plugin asks NVML for it (no CUDA context: the engine's GPUs stay untouched):
 
 - compute capability → the architecture, the kernel family whose constants it borrows, and the dense tensor rate
   per SM and clock (FLOP, FP32 accumulate: 2048 on sm_80, 4096 on sm_90, 8192 on sm_100/103, 1024 on the other
   8.x / 12.x professional parts and 512 on GeForce ones, whose FP32-accumulating tensor rate is halved — the rates
   the catalog's rows follow, ``tests/test_hardware.py`` PER_SM_RATES); fp8 at twice the bf16 rate from sm_89;
-- CUDA cores / cores per SM (64 on sm_80, 128 elsewhere) → SMs; the maximum SM clock → boost, at which the
-  derived tensor peak is quoted;
+- CUDA cores / cores per SM (64 on sm_80, 128 elsewhere) → SMs; the rated boost (NVML's max customer boost clock)
+  where the board reports it, else NVML's maximum SM clock (on GeForce and RTX workstation boards a ceiling they do
+  not sustain: a live clock prices them right) → boost, at which the derived tensor peak is quoted;
 - memory bus width x maximum memory clock x 2 → DRAM bandwidth (NVML reports half the data rate: an H100 SXM's
   2619 MHz x 5120 bits gives 3.35 TB/s, an L40S's 9001 MHz x 384 bits 864 GB/s, their datasheets' figures); a bus
   of 2048 bits or more is HBM (generation by architecture), a narrower one GDDR (GDDR7 on sm_120, GDDR6X on GeForce
-  boards clocked past 9.5 GHz, else GDDR6); ECC on a GDDR board is inline, its 1/16 taken from the data;
-- the power limit → the power model's budget; active NVLink links x the generation's per-link rate, else the PCIe
+  boards clocked past 9.5 GHz, else GDDR6) and the HBM generation by its pin rate; ECC on a GDDR6/6X board is
+  inline, its 1/16 taken from the data (GDDR7 boards show no carve-out);
+- the default power limit → the power model's budget; active NVLink links x the generation's per-link rate, else the PCIe
   link → the all-reduce's interconnect;
 - the L2 size, which NVML does not report, from the catalog's GPU of the same compute capability with the nearest
   SM count, scaled by the SM ratio (a caller that knows it may say so: ``DeviceFacts.l2_bytes``; the plugin and
   the probe do not, so that a calibration one writes describes the GPU as the other reads it).
 
 The spec's ``source`` says it was read from the device, and the plugin's start-up line shows it. Nothing here is
-fitted; the efficiency constants are the kernel family's, as for any GPU m2live never measured.
+fitted; the efficiency constants are the kernel family's, as for any GPU m2live never measured. What the driver does
+not tell apart: a part whose tensor rate is halved or capped (the L40's, the H20's) comes out at its architecture's
+full rate, and a cut-down die's L2 is scaled from its sibling's.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from .hardware import CATALOG, INLINE_ECC_DATA_SHARE, GpuSpec, UnknownGpuError, adopt, arch_of, get_gpu
+from .hardware import (
+    CATALOG,
+    INLINE_ECC_DATA_SHARE,
+    GpuSpec,
+    UnknownGpuError,
+    arch_of,
+    get_gpu,
+    in_catalog,
+    register,
+)
 
 DERIVED_SOURCE = "read from the device (NVML), not a datasheet"
+log = logging.getLogger("m2live")
 HBM_MIN_BUS_BITS = 2048  # HBM stacks are 1024 bits wide each; GDDR boards top out at 512
 GDDR6X_MIN_MEM_MHZ = 9500  # GeForce GDDR6X boards report 9751+ MHz (19.5+ Gbps); GDDR6 ones up to 9001 (18 Gbps)
 # NVLink per link and direction (GB/s): NVLink3 on GA100 (12 links: 300), GA102's bridge links (4: 56.25), NVLink4
@@ -57,6 +72,7 @@ class DeviceFacts:
     ecc: bool = False  # ECC on (on a GDDR board: inline)
     base_mhz: float | None = None  # default applications clock, where the board has one
     l2_bytes: float | None = None  # where a caller knows it (CUDA's device properties)
+    boost_mhz: float | None = None  # the rated boost (NVML's max customer boost clock), where the board says
 
 
 def tensor_flop_per_clk(name: str, cc: tuple[int, int]) -> int:
@@ -70,13 +86,13 @@ def tensor_flop_per_clk(name: str, cc: tuple[int, int]) -> int:
     return 512 if "geforce" in name.lower() else 1024
 
 
-def memory_technology(name: str, cc: tuple[int, int], bus_bits: int, mem_mhz: float, bw_gbs: float) -> str:
+def memory_technology(name: str, cc: tuple[int, int], bus_bits: int, mem_mhz: float) -> str:
+    """HBM from a 2048-bit bus up, its generation by the pin rate (2 x NVML's clock: HBM2e up to 3.6 Gb/s — A100,
+    H100 PCIe 3.2; HBM3 5.2-5.6 — H100 SXM, GH200, H20; HBM3e 6.4 and up — H200, B200); else GDDR7 on sm_120,
+    GDDR6X on GeForce boards past 9.5 GHz, GDDR6 otherwise."""
     if bus_bits >= HBM_MIN_BUS_BITS:
-        if cc[0] == 8:
-            return "HBM2e"
-        if cc[0] == 9:
-            return "HBM3e" if bw_gbs >= 4500 else "HBM3"
-        return "HBM3e"
+        gbps = 2 * mem_mhz / 1000
+        return "HBM2e" if gbps < 4.0 else ("HBM3" if gbps < 6.0 else "HBM3e")
     if cc[0] >= 12:
         return "GDDR7"
     if "geforce" in name.lower() and mem_mhz > GDDR6X_MIN_MEM_MHZ:
@@ -110,12 +126,18 @@ def spec_from_facts(f: DeviceFacts) -> GpuSpec:
     per_sm = 64 if f.compute_capability == (8, 0) else 128
     sms = max(1, round(f.cuda_cores / per_sm))
     rate = tensor_flop_per_clk(f.name, f.compute_capability)
-    bf16 = sms * rate * f.max_sm_mhz * 1e6 / 1e12
+    # the clock the peak is quoted at: NVML's maximum on data-centre parts; on GeForce and RTX workstation boards
+    # that maximum is a V/F-table ceiling (~3.1 GHz) they do not sustain (hardware.py), so the rated boost where
+    # the board reports it (its max customer boost clock)
+    rated = f.boost_mhz if f.boost_mhz and 0 < f.boost_mhz <= f.max_sm_mhz else None
+    boost = rated or f.max_sm_mhz
+    bf16 = sms * rate * boost * 1e6 / 1e12
     bw = 2.0 * f.max_mem_mhz * f.mem_bus_bits / 8 / 1000.0
-    memory = memory_technology(f.name, f.compute_capability, f.mem_bus_bits, f.max_mem_mhz, bw)
+    memory = memory_technology(f.name, f.compute_capability, f.mem_bus_bits, f.max_mem_mhz)
     gib = f.mem_total_mib / 1024
-    # inline ECC: the driver's total is the data's 15/16 of the devices (hardware.GpuSpec.inline_ecc reads it so)
-    mem_gb = gib / INLINE_ECC_DATA_SHARE * 1.0001 if f.ecc and memory.startswith("GDDR") else gib
+    # inline ECC on GDDR6/6X boards: the driver's total is the data's 15/16 of the devices (GpuSpec.inline_ecc
+    # reads it so); GDDR7 boards with ECC on show no carve-out (an RTX PRO 6000 Server: 97887 MiB of 96 GiB)
+    mem_gb = gib / INLINE_ECC_DATA_SHARE * 1.0001 if f.ecc and memory in ("GDDR6", "GDDR6X") else gib
     per_link = NVLINK_GBS_PER_LINK.get(f.compute_capability, 50.0 if f.compute_capability[0] >= 10 else 25.0)
     if f.nvlinks > 0:
         link, link_gbs = "nvlink", f.nvlinks * per_link
@@ -123,16 +145,20 @@ def spec_from_facts(f: DeviceFacts) -> GpuSpec:
         link = "pcie"
         link_gbs = PCIE_GBS_X16.get(f.pcie_gen or 4, 32.0) * min(16, f.pcie_width or 16) / 16
     l2 = f.l2_bytes / 2**20 if f.l2_bytes else l2_mb_like(f.compute_capability, sms)
-    base = f.base_mhz if f.base_mhz and 0 < f.base_mhz <= f.max_sm_mhz else f.max_sm_mhz
+    base = f.base_mhz if f.base_mhz and 0 < f.base_mhz <= boost else boost
+    clock = (f"{boost:.0f} MHz (rated boost)" if rated else f"{boost:.0f} MHz (NVML's maximum"
+             + ("; on this board a ceiling it may not sustain: a live clock prices it right)" if rate != 4096
+                and f.compute_capability[0] != 10 and f.compute_capability != (8, 0) else ")"))
     return GpuSpec(
         name=f.name, arch=arch, compute_capability=f.compute_capability, sms=sms, base_mhz=base,
-        boost_mhz=f.max_sm_mhz, bf16_tflops=round(bf16, 1), fp16_tflops=round(bf16, 1),
-        fp8_tflops=round(2 * bf16, 1) if f.compute_capability >= (8, 9) else None, tflops_at_mhz=f.max_sm_mhz,
+        boost_mhz=boost, bf16_tflops=round(bf16, 1), fp16_tflops=round(bf16, 1),
+        fp8_tflops=round(2 * bf16, 1) if f.compute_capability >= (8, 9) else None, tflops_at_mhz=boost,
         memory=memory, mem_bw_gbs=round(bw, 1), mem_gb=mem_gb, mem_total_mib=f.mem_total_mib, l2_mb=l2,
         tdp_w=f.power_limit_w, interconnect=link, interconnect_gbs=link_gbs,
         source=(f"{DERIVED_SOURCE}: sm_{f.compute_capability[0]}{f.compute_capability[1]}, {sms} SMs x {rate} "
-                f"FLOP/clk at {f.max_sm_mhz:.0f} MHz, {f.mem_bus_bits}-bit {memory} at {f.max_mem_mhz:.0f} MHz, "
-                f"{f.power_limit_w:.0f} W, {link} {link_gbs:g} GB/s, L2 "
+                f"FLOP/clk (assumed by compute capability: a part whose rate is halved or capped, as the L40's or "
+                f"the H20's, is not told apart) at {clock}, {f.mem_bus_bits}-bit {memory} at {f.max_mem_mhz:.0f} "
+                f"MHz, {f.power_limit_w:.0f} W, {link} {link_gbs:g} GB/s, L2 "
                 + ("as CUDA reports it" if f.l2_bytes else f"{l2:g} MiB taken from the catalog's sm_"
                    f"{f.compute_capability[0]}{f.compute_capability[1]} GPU nearest in SMs")),
     )
@@ -171,6 +197,7 @@ def read_nvml_facts(index: int) -> DeviceFacts:
                 nvlinks=links, pcie_gen=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
                 pcie_width=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h), ecc=bool(ecc and ecc[0]),
                 base_mhz=nvml_opt(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
+                boost_mhz=nvml_opt(nv.nvmlDeviceGetMaxCustomerBoostClock, h, nv.NVML_CLOCK_SM),
             )
         except Exception as e:  # noqa: BLE001
             raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
@@ -180,14 +207,24 @@ def catalog_or_device(name: str, nvml_index: int) -> GpuSpec:
     """The catalog's row for ``name`` (a GPU NVML named as device ``nvml_index``); for a GPU the catalog does not
     list, its spec read from that device (``spec_from_facts``, from NVML alone, so that the plugin, the probe and
     a calibration written by one and read by another describe the GPU alike), registered under its name so that
-    later lookups in this process (a calibration, a plan) find it. ValueError, one line, when neither works."""
+    later lookups in this process (a calibration, a plan) find it — the device's reading wins over a description
+    registered before it (a calibration's ``gpu_spec``, taken on another machine), with a warning where they
+    differ. ValueError, one line, when neither works."""
     from .telemetry import TelemetryError
 
     try:
-        return get_gpu(name)
+        known = get_gpu(name)
     except UnknownGpuError as e:
-        try:
-            spec = spec_from_facts(read_nvml_facts(nvml_index))
-        except (TelemetryError, ValueError) as why:
-            raise ValueError(f"{e}; reading its spec from the device failed too: {why}") from None
-        return adopt(spec, f"NVML device {nvml_index}")
+        known, missing = None, e
+    if known is not None and in_catalog(known):
+        return known
+    try:
+        spec = spec_from_facts(read_nvml_facts(nvml_index))
+    except (TelemetryError, ValueError) as why:
+        if known is not None:
+            return known
+        raise ValueError(f"{missing}; reading its spec from the device failed too: {why}") from None
+    if known is not None and known != spec:
+        log.warning("%s: the description registered before (%s) differs from what the device reports; the "
+                    "device's is used", name, known.source)
+    return register(spec)

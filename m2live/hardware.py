@@ -19,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import limits
@@ -621,6 +624,7 @@ def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
     for k in ("name", "source", "memory", "interconnect"):
         if not isinstance(doc[k], str) or not doc[k].strip():
             raise bad(f"{k} must be a non-empty string, got {doc[k]!r}")
+    check_spec_name(doc["name"], "name", bad)
     cc = doc["compute_capability"]
     if not (isinstance(cc, list | tuple) and len(cc) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in cc)):
@@ -657,7 +661,14 @@ def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
         v = doc.get(k) or []
         if not (isinstance(v, list) and all(isinstance(a, str) and a.strip() for a in v)):
             raise bad(f"{k} must be a list of names, got {v!r}")
+        for a in v:
+            check_spec_name(a, k, bad)
         names.append(v)
+    total = num.get("mem_total_mib")
+    if total is not None and not (max(2 * CUDA_RESERVED_MIB, 0.85 * num["mem_gb"] * 1024) <= total
+                                  <= 1.1 * num["mem_gb"] * 1024):
+        raise bad(f"mem_total_mib {total:g} does not fit mem_gb {num['mem_gb']:g} (the driver reports 0.85-1.1 "
+                  "of the marketed capacity)")
     return GpuSpec(
         name=doc["name"].strip(), arch=arch, compute_capability=cc, sms=int(num["sms"]), base_mhz=base,
         boost_mhz=boost, bf16_tflops=num["bf16_tflops"], fp16_tflops=num.get("fp16_tflops", num["bf16_tflops"]),
@@ -669,12 +680,27 @@ def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
     )
 
 
+SPEC_NAME_MAX_CHARS = 120  # NVML names are under 64 characters
+
+
+def check_spec_name(name: str, what: str, bad: Callable[[str], Exception]) -> None:
+    """A name a described GPU may take: printable, of a sensible length, that a lookup finds as itself (not empty
+    once the vendor and system words are dropped, not a file name, not the CPU device's)."""
+    if len(name) > SPEC_NAME_MAX_CHARS or not name.isprintable():
+        raise bad(f"{what} {name[:40]!r}: a name is printable and at most {SPEC_NAME_MAX_CHARS} characters")
+    key = _gpu_key(name)
+    if not key or name.strip().lower().endswith(".json") or key in ("cpu", "cpudevice"):
+        raise bad(f"{what} {name!r} cannot name a GPU (it would not look itself up)")
+
+
 def load_spec_file(path: str) -> GpuSpec:
     """The GPU a JSON file describes (``spec_from_dict``: one object, or a list holding one), registered under
     its names for this process. A name the catalog or another file already gives a different GPU is refused: a
     calibration, a trace and a ranking name the GPU, so one name is one GPU. UnknownGpuError, one line."""
     try:
-        with open(path, "rb") as f:  # (not a FIFO's endless stream or a stray multi-GB file: a spec is ~1 KB)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device read forever
+            raise UnknownGpuError(f"GPU spec {path}: not a regular file")
+        with open(path, "rb") as f:  # (nor a stray multi-GB file: a spec is ~1 KB)
             raw = f.read(limits.SPEC_FILE_MAX_BYTES + 1)
         if len(raw) > limits.SPEC_FILE_MAX_BYTES:
             raise UnknownGpuError(f"GPU spec {path}: larger than {limits.SPEC_FILE_MAX_BYTES} bytes; a GPU spec "
@@ -687,6 +713,9 @@ def load_spec_file(path: str) -> GpuSpec:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise UnknownGpuError(f"GPU spec {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # a 5,000-digit number; arrays nested past Python's recursion limit
+        raise UnknownGpuError(f"GPU spec {path}: not a GPU spec ({e.__class__.__name__}: "
+                              f"{str(e).splitlines()[0][:80] if str(e) else 'nested too deep'})") from None
     if isinstance(doc, list):
         if len(doc) != 1:
             raise UnknownGpuError(f"GPU spec {path}: a list of {len(doc)} GPUs; a spec file describes one")

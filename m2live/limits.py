@@ -55,7 +55,9 @@ class Bound:
                 raise error(f"{what} must be a whole number in {self.describe()}, got {value!r}")
             value = int(value)
         if not (self.lo <= value <= self.hi):
-            shown = value if abs(value) < 1e15 else f"{float(value):.3g}"
+            shown = value if abs(value) < 1e15 else (
+                f"{float(value):.3g}" if isinstance(value, float) or abs(value) < 1e300
+                else f"a {len(str(abs(value)))}-digit number")
             raise error(f"{what} must be within {self.describe()}, got {shown}")
         return value
 

@@ -270,6 +270,7 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
     """One entry per (file, kind, region): rows, MAPE, median APE, mean signed error; ``dtype`` None: each
     file's from its name (``*_fp8.csv`` → fp8)."""
     rp = RowPredictor(gpu, clock=clock, l2_warm=l2_warm, calibration=calibration)
+    label = get_gpu(gpu).name if gpu else None  # (a spec file's GPU by its name, not the file's)
     results: list[dict] = []
     for path in find_tables(directory):
         table = read_table(path, dtype)
@@ -284,7 +285,7 @@ def score_directory(directory: str | os.PathLike, gpu: str | None = None, clock:
         groups: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
         unmeasured: dict[tuple[str, str, str], int] = {}
         for kind, row, p, m in zip(table.kinds, table.rows, pred, meas, strict=True):
-            dev = gpu or row.get("device", "")
+            dev = label or row.get("device", "")
             for key in (((dev, kind, "all"), (dev, kind, "core")) if in_core_region(kind, row)
                         else ((dev, kind, "all"),)):
                 if math.isnan(m):  # a shape the table did not measure: left out, counted

@@ -527,16 +527,30 @@ def test_config_rejects_a_broken_calibration_file(tmp_path):
 
 # ---- on the GPU: the whole pipeline, dry run on the CPU ----------------------------------------------------
 def test_probe_calibrate_dry_run_end_to_end(tmp_path):
+    """The whole pipeline on the CPU, for a GPU the catalog lacks (an H100 described in a file, as the probe
+    describes a GPU it reads from its driver): the tables, the calibration carrying the GPU's spec, the spec
+    beside them, and both usable by later processes."""
+    row = next(r for r in json.loads(run("gpus", "--json").stdout) if r["name"] == H100)
+    row.update(name="NVIDIA H100 held to 500 W", tdp_w=500, aliases=[], nvml_names=[],
+               source="NVIDIA H100 SXM datasheet, the power limit set to 500 W")
+    (tmp_path / "h100_500w.json").write_text(json.dumps(row))
     out = tmp_path / "probe"
-    p = run("probe", "--calibrate", "--dry-run", "--out", str(out), timeout=600)
+    p = run("probe", "--calibrate", "--dry-run", "--gpu", str(tmp_path / "h100_500w.json"), "--out", str(out),
+            timeout=600)
     assert p.returncode == 0, p.stderr + p.stdout
     for k in cal.KINDS:
         rows = list(csv.DictReader((out / cal.FILES[k]).open()))
         assert len(rows) == cal.DEFAULT_BUDGET[k] and all(float(r["latency_ms"]) > 0 for r in rows)
+    doc = json.loads((out / "calibration.json").read_text())
+    assert doc["gpu"] == "NVIDIA H100 held to 500 W" and doc["gpu_spec"]["tdp_w"] == 500
+    assert json.loads((out / "gpu.json").read_text())[0]["name"] == "NVIDIA H100 held to 500 W"
     c = cal.load(out / "calibration.json")
-    assert c.gpu == H100 and c.rows == cal.DEFAULT_BUDGET
+    assert c.gpu == "NVIDIA H100 held to 500 W" and c.rows == cal.DEFAULT_BUDGET
     src = out / cal.FILES["gemm"]
     assert run("ops", str(src), "--calibration", str(out / "calibration.json")).returncode == 0
+    v = run("validate", str(out), "--gpu", str(out / "gpu.json"), "--json")
+    assert v.returncode == 0, v.stderr
+    assert {r["gpu"] for r in json.loads(v.stdout)} == {"NVIDIA H100 held to 500 W"}
 
 
 def test_holdout_rows_are_the_rest_of_the_grid_in_a_fixed_order():

@@ -4,6 +4,7 @@ and the plugin's device choice reads a GPU the catalog lacks instead of giving u
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import types
@@ -28,15 +29,20 @@ FACTS = {
                                ecc=True),
     "NVIDIA H200": DeviceFacts("NVIDIA H200", (9, 0), 16896, 1980, 3201, 6144, 143771, 700, nvlinks=18),
     "NVIDIA B200": DeviceFacts("NVIDIA B200", (10, 0), 18944, 1965, 3996, 8192, 183359, 1000, nvlinks=18),
-    "NVIDIA GeForce RTX 4090": DeviceFacts("NVIDIA GeForce RTX 4090", (8, 9), 16384, 2520, 10501, 384, 24564, 450,
-                                           pcie_gen=4, pcie_width=16),
+    "NVIDIA H100 PCIe": DeviceFacts("NVIDIA H100 PCIe", (9, 0), 14592, 1755, 1593, 5120, 81559, 350, pcie_gen=5,
+                                    pcie_width=16),
+    "NVIDIA H100 NVL": DeviceFacts("NVIDIA H100 NVL", (9, 0), 16896, 1785, 2539, 6144, 95830, 400, nvlinks=12),
+    # GeForce and RTX workstation boards: NVML's maximum SM clock is a ~3.1 GHz ceiling; the rated boost is the
+    # max customer boost clock
+    "NVIDIA GeForce RTX 4090": DeviceFacts("NVIDIA GeForce RTX 4090", (8, 9), 16384, 3105, 10501, 384, 24564, 450,
+                                           pcie_gen=4, pcie_width=16, boost_mhz=2520),
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": DeviceFacts(
         "NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 24064, 2617, 12477, 512, 97887, 600, pcie_gen=5,
         pcie_width=16),
-    "NVIDIA RTX A6000": DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 1800, 8001, 384, 49140, 300, pcie_gen=4,
-                                    pcie_width=16),
-    "NVIDIA RTX 6000 Ada Generation": DeviceFacts("NVIDIA RTX 6000 Ada Generation", (8, 9), 18176, 2505, 10001, 384,
-                                                  49140, 300, pcie_gen=4, pcie_width=16),
+    "NVIDIA RTX A6000": DeviceFacts("NVIDIA RTX A6000", (8, 6), 10752, 2100, 8001, 384, 49140, 300, pcie_gen=4,
+                                    pcie_width=16, boost_mhz=1800),
+    "NVIDIA RTX 6000 Ada Generation": DeviceFacts("NVIDIA RTX 6000 Ada Generation", (8, 9), 18176, 3105, 10001, 384,
+                                                  49140, 300, pcie_gen=4, pcie_width=16, boost_mhz=2505),
     "NVIDIA A40": DeviceFacts("NVIDIA A40", (8, 6), 10752, 1740, 7251, 384, 46068, 300, pcie_gen=4, pcie_width=16,
                               ecc=True),
 }
@@ -81,6 +87,20 @@ def test_a_gpu_the_catalog_lacks() -> None:
     assert with_l2.l2_mb == 6.0 and "as CUDA reports it" in with_l2.source
 
 
+def test_what_the_derivation_cannot_tell() -> None:
+    """Without a rated boost a GeForce board is quoted at NVML's ceiling (its source says so, and that a live
+    clock prices it right); a part whose tensor rate is halved or capped (L40, H20) comes out at its architecture's
+    full rate — the source says the rate is assumed."""
+    ceiling = spec_from_facts(DeviceFacts("NVIDIA GeForce RTX 4090", (8, 9), 16384, 3105, 10501, 384, 24564, 450))
+    assert ceiling.boost_mhz == 3105 and "a ceiling it may not sustain" in ceiling.source
+    for name, facts in (("NVIDIA L40", DeviceFacts("NVIDIA L40", (8, 9), 18176, 2490, 9001, 384, 46068, 300,
+                                                   ecc=True)),
+                        ("NVIDIA H20", DeviceFacts("NVIDIA H20", (9, 0), 9984, 1980, 2619, 6144, 97871, 400,
+                                                   nvlinks=18))):
+        d = spec_from_facts(facts)
+        assert d.bf16_tflops > 1.9 * get_gpu(name).bf16_tflops and "assumed by compute capability" in d.source
+
+
 @pytest.mark.parametrize(("facts", "why"), [
     (DeviceFacts("Tesla T4", (7, 5), 2560, 1590, 5001, 256, 15360, 70), "compute capability 7.5"),
     (DeviceFacts("NVIDIA X", (9, 0), 0, 1980, 2619, 5120, 81559, 700), "CUDA cores"),
@@ -108,6 +128,7 @@ def fake_nvml(facts: DeviceFacts, monkeypatch: pytest.MonkeyPatch) -> None:
         "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: facts.pcie_gen,
         "nvmlDeviceGetMaxPcieLinkWidth": lambda h: facts.pcie_width,
         "nvmlDeviceGetDefaultApplicationsClock": lambda h, kind: facts.base_mhz,
+        "nvmlDeviceGetMaxCustomerBoostClock": lambda h, kind: facts.boost_mhz,
     }
 
     def nvlink_state(h, link):
@@ -161,3 +182,19 @@ def test_without_nvml_an_unknown_name_is_one_line_with_both_reasons() -> None:
         catalog_or_device("NVIDIA Imaginary 9000", 0)
     msg = str(ei.value)
     assert "\n" not in msg and "unknown GPU 'NVIDIA Imaginary 9000'" in msg and "from the device failed" in msg
+
+
+def test_the_device_wins_over_a_description_registered_before_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The plugin validates M2LIVE_CALIBRATION before it reads the device: a calibration taken on another machine
+    (another PCIe slot, another power limit) has registered its copy of the GPU by then. The device's reading is
+    what the plugin predicts with, and a warning says the two differ."""
+    facts = DeviceFacts("NVIDIA RTX 5000 Ada Generation", (8, 9), 12800, 2550, 9001, 256, 32760, 250, pcie_gen=4,
+                        pcie_width=16, ecc=True)
+    monkeypatch.setattr(hardware, "_CUSTOM", {})
+    elsewhere = hardware.adopt(spec_from_facts(dataclasses.replace(facts, pcie_gen=3, power_limit_w=200)), "test")
+    fake_nvml(facts, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="m2live"):
+        spec = live_device._catalog_or_device(facts.name, 0)
+    assert spec == spec_from_facts(facts) != elsewhere and get_gpu(facts.name) == spec
+    assert "differs from what the device reports" in caplog.text

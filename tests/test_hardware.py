@@ -329,6 +329,13 @@ def test_an_edited_row_is_a_gpu_of_its_own(tmp_path: Path) -> None:
     ({"name": "NVIDIA B200"}, "the name 'NVIDIA B200' is the catalog's NVIDIA B200"),
     ({"aliases": ["h100"]}, "the name 'h100' is the catalog's NVIDIA H100 80GB HBM3"),
     ({"source": ""}, "source must be a non-empty string"),
+    ({"mem_gb": 10**400}, "mem_gb must be within 0.5 .. 10000 GB, got a 401-digit number"),
+    ({"mem_total_mib": 600}, "mem_total_mib 600 does not fit mem_gb"),
+    ({"name": "DGX"}, "'DGX' cannot name a GPU"),
+    ({"name": "other.json"}, "'other.json' cannot name a GPU"),
+    ({"name": "cpu"}, "'cpu' cannot name a GPU"),
+    ({"name": "two\nlines"}, "a name is printable"),
+    ({"aliases": ["ok", ""]}, "aliases must be a list of names"),
 ])
 def test_a_bad_spec_file_is_one_line_exit_2(tmp_path: Path, edit: dict, why: str) -> None:
     row = next(r for r in catalog_rows() if r["name"] == "NVIDIA B200")

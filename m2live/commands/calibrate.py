@@ -28,7 +28,7 @@ from ..limits import digits
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     pl = sub.add_parser("plan", help="the shapes to measure on a GPU (opbench schema, no latency_ms)")
-    pl.add_argument("--gpu", required=True, help="NVML name or alias of the GPU to calibrate")
+    pl.add_argument("--gpu", required=True, help="NVML name or alias of the GPU to calibrate, or a GPU spec file (.json)")
     pl.add_argument("--kind", required=True, help=" | ".join(cal.KINDS) + " | all (every kind into the -o folder)")
     pl.add_argument("--budget", help="at most this many shapes (default: " + ", ".join(
         f"{n} {k}" for k, n in cal.DEFAULT_BUDGET.items()) + ")")
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ft = sub.add_parser("fit", help="fit the GPU's constants on measured opbench tables; write CAL.json")
     ft.add_argument("directory", help="folder with " + " / ".join(cal.FILES.values())
                     + " (any subset) with latency_ms")
-    ft.add_argument("--gpu", required=True, help="NVML name or alias of the GPU the rows were measured on")
+    ft.add_argument("--gpu", required=True, help="NVML name or alias of the GPU the rows were measured on, or a GPU spec file (.json)")
     ft.add_argument("-o", "--output", required=True, help="the calibration JSON to write")
 
 

@@ -15,7 +15,8 @@ from ..limits import GPU_INDEX
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
-                   help="JSON rows; one row, saved to a file, is a GPU spec every --gpu takes (FILE.json)")
+                   help="JSON rows; one row, saved to a file, is a GPU spec every --gpu takes (FILE.json; cuda_total_gib, "
+                        "inline_ecc and data_bw_gbs are recomputed from the other fields, not read)")
     p.add_argument("--device", nargs="?", const="0", default=None, metavar="INDEX",
                    help="the spec m2live uses for this machine's NVIDIA GPU INDEX (default 0): its catalog row, "
                         "or, for a GPU the catalog lacks, what its driver reports (NVML)")

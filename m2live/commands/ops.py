@@ -14,7 +14,7 @@ from ..validate import RowPredictor, read_table
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="CSV in the opbench schema (m,n,k for GEMMs; attention columns otherwise)")
-    p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
+    p.add_argument("--gpu", help="NVML name or alias, or a GPU spec file (.json: a row of `m2live gpus --json`); default: each row's 'device' column")
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.add_argument("--clock", default="power",
                    help="'power' (default: the power model over the collector's burst of calls — opbench rows are "

@@ -36,7 +36,7 @@ def parse_spec(text: str, what: str, length: limits.Bound = limits.NEW_TOKENS) -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", required=True, help="NVML name (e.g. 'NVIDIA H100 80GB HBM3') or alias (h100-sxm)")
+    p.add_argument("--gpu", required=True, help="NVML name (e.g. 'NVIDIA H100 80GB HBM3') or alias (h100-sxm), or a GPU spec file (.json: a row of `m2live gpus --json`, edited)")
     p.add_argument("--model", default="meta-llama/Llama-3.1-8B", help="preset name or path to config.json / dir")
     p.add_argument("--tp", default="1", help="tensor-parallel size")
     p.add_argument("--prefill", action="append", default=[], metavar="LEN[@CTX][xCOUNT]",

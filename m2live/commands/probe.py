@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny shapes, replayed clock, perf_counter timing: exercises the pipeline only")
     p.add_argument("--gpu", metavar="NAME",
-                   help="catalog GPU to predict for (default: the NVML name of the device measured)")
+                   help="GPU to predict for: a catalog name or a GPU spec file (.json) (default: the device measured — its "
+                        "catalog row, or for a GPU the catalog lacks its spec read from the driver)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="stop starting new cells after S seconds and write what was measured "
                         "(default: 330 with --quick, 110 with --calibrate, none otherwise)")

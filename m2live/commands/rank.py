@@ -16,6 +16,7 @@ import json
 
 from rich.console import Console
 
+from ..calibration_file import Calibrations
 from ..forkmap import jobs_arg
 from ..planner import PlanError, rank, validate_opbench
 from ..quantization import KV_AUTO_HELP, KV_CACHE_BYTES
@@ -28,7 +29,7 @@ from .rank_output import json_default, plot_ranking, plot_validation, print_rank
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="preset name or path to config.json / model directory")
     p.add_argument("--workload", help="preset, prompt=DIST,output=DIST[,rate=R], or trace:PATH")
-    p.add_argument("--gpus", default="all", help="comma-separated NVML names or aliases, or 'all' (default)")
+    p.add_argument("--gpus", default="all", help="comma-separated NVML names, aliases or GPU spec files (.json), or 'all' (default)")
     p.add_argument("--tp", default="1,2,4,8", help="tensor-parallel sizes to consider (default 1,2,4,8)")
     p.add_argument("--slo-ms", help="per-step latency SLO in ms (= inter-token latency); default: none")
     p.add_argument("--price", help="$ per GPU-hour, e.g. 'h100-sxm=2.5,a100-80gb=1.6'; ranks per dollar "
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError("--workload is required (chat, summarisation, long-context, "
                         "prompt=DIST,output=DIST[,rate=R] or trace:PATH)")
     wl = parse_workload(args.workload)
+    Calibrations.load(args.calibration)  # first: a GPU only a calibration describes (gpu_spec) is known by name
     gpus = parse_gpus(args.gpus)
     tps = parse_tp_list(args.tp)
     cfg = plan_config(args, gpus)

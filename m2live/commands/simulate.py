@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n\n", 1)[1].strip()
     p.add_argument("--model", help="preset name or path to config.json / model directory")
-    p.add_argument("--gpu", help="NVML name or alias (e.g. h100-sxm), or 'cpu' for the CPU device")
+    p.add_argument("--gpu", help="NVML name or alias (e.g. h100-sxm), a GPU spec file (.json: a row of `m2live gpus --json`, edited), or 'cpu' for the CPU device")
     p.add_argument("--tp", help="tensor-parallel size (default 1)")
     p.add_argument("--isl", help="input (prompt) tokens per request")
     p.add_argument("--osl", help="output tokens per request (ignore-EOS: exactly this many)")

@@ -16,7 +16,7 @@ from .ops import add_calibration_flag, parse_clock
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="directory of opbench-style CSVs with a latency_ms column (or one CSV)")
-    p.add_argument("--gpu", help="NVML name or alias; default: each row's 'device' column")
+    p.add_argument("--gpu", help="NVML name or alias, or a GPU spec file (.json: a row of `m2live gpus --json`); default: each row's 'device' column")
     p.add_argument("--clock", default="power",
                    help="'power' (default: the power model over the collector's burst of calls), 'forecast' "
                         "(sustained serving load), 'boost', or an SM clock in MHz")

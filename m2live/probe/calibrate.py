@@ -30,6 +30,7 @@ pipeline (plan -> tables -> fit -> calibration file) is what it exercises (a bf1
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -49,7 +50,7 @@ import numpy as np
 from .. import calibrate as cal
 from ..calibration_file import read_rows
 from ..device_spec import catalog_or_device
-from ..hardware import GpuSpec, get_gpu
+from ..hardware import GpuSpec, get_gpu, in_catalog
 from ..operators import OpModel
 from ..telemetry import ClockSampler, NvmlClockSource, ReplayClockSource, TelemetryError
 from .device import Interrupted, ProbeError, _Device, load_torch, one_line, sigterm_interrupts
@@ -59,6 +60,7 @@ from .score import clock_stats
 
 CAL_FILE = "calibration.json"
 SUMMARY_FILE = "summary.json"
+GPU_SPEC_FILE = "gpu.json"  # a GPU outside the catalog: its spec as read from the device (m2live gpus --json row)
 HOLDOUT_DIR = "holdout"
 WARMUP, REPLAYS = 3, 6  # opbench's timing: 3 warm-up replays, then the mean of 6
 WEIGHT_COPIES = OpModel.BENCH_COPIES  # one call per copy in each replay
@@ -251,9 +253,14 @@ def _open(dry_run: bool, gpu: str | None) -> tuple[Any, GpuSpec, Any]:
     torch = load_torch(dry_run)
     if dry_run:
         return torch, get_gpu(gpu or DRY_GPU), torch.device("cpu")
-    try:  # a GPU outside the catalog: its terms read from the device (device_spec)
-        spec = get_gpu(gpu) if gpu else catalog_or_device(torch.cuda.get_device_name(),
-                                                          _nvml_info(torch)["nvml_index"])
+    try:  # a GPU outside the catalog: its terms read from the device (device_spec); NVML only then
+        name = gpu or torch.cuda.get_device_name()
+        try:
+            spec = get_gpu(name)
+        except KeyError:
+            if gpu:
+                raise
+            spec = catalog_or_device(name, _nvml_info(torch)["nvml_index"])
     except (KeyError, ValueError) as e:
         raise ProbeError(f"{e}; pass --gpu with the catalog name to calibrate") from None
     return torch, spec, torch.device("cuda", torch.cuda.current_device())
@@ -444,6 +451,14 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     fp8 = _fp8_linear(torch, spec, dry_run)
     say(f"calibrating {spec.name}{' (dry run on the CPU: tiny shapes, perf_counter)' if dry_run else ''}; "
         f"attention: {attn_what}; fp8: {fp8[1]}")
+    if not in_catalog(spec):  # a GPU read from its device: its spec beside the tables, for later processes
+        spec_file = out_dir / GPU_SPEC_FILE
+        try:
+            spec_file.write_text(json.dumps([dataclasses.asdict(spec)], indent=2) + "\n")
+        except OSError as e:
+            raise ProbeError(f"cannot write {spec_file}: {one_line(e)}") from None
+        say(f"{spec.name} is not in the catalog: its spec, read from the device, is in {spec_file} (give it as "
+            f"--gpu {spec_file} to calibrate fit, validate or any command)")
     t0 = time.monotonic()
     summary: dict = {"gpu": spec.name, "device_name": torch.cuda.get_device_name() if not dry_run else "cpu",
                      "dry_run": dry_run, "torch": torch.__version__, "attention": attn_what, "fp8_gemm": fp8[1],
@@ -508,7 +523,7 @@ def _move_earlier_run(out_dir: Path) -> Path | None:
     folder beside it, ``<out_dir>.earlier-<UTC time>/`` (beside, not inside: ``validate`` reads a folder's tables
     recursively), so nothing is lost and none of them is fitted or scored as this run's; the folder they went to,
     or None when there were none."""
-    names = [*cal.FILES.values(), CAL_FILE, SUMMARY_FILE]
+    names = [*cal.FILES.values(), CAL_FILE, SUMMARY_FILE, GPU_SPEC_FILE]
     found = [out_dir / n for n in names if (out_dir / n).exists()]
     found += [out_dir / HOLDOUT_DIR / n for n in cal.FILES.values() if (out_dir / HOLDOUT_DIR / n).exists()]
     if not found:
