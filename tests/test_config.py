@@ -77,3 +77,35 @@ def test_readme_table_lists_every_option():
     for env, *_ in OPTIONS.values():
         assert f"`{env}`" in t
     assert "`M2LIVE_CONFIG`" in t
+
+
+def test_config_check_says_which_device_the_plugin_would_predict_for(tmp_path):
+    """`m2live config check` names the device: M2LIVE_GPU's (a catalog name or a GPU spec file), or, with no
+    NVIDIA driver on the machine, the CPU device of a CPU engine."""
+    import os
+    import subprocess
+    import sys
+
+    def device(**env: str) -> str:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("M2LIVE_")}
+        r = subprocess.run([sys.executable, "-m", "m2live", "config", "check", "--json"], capture_output=True,
+                           text=True, env={**clean, **env}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["device"]
+
+    assert device(M2LIVE_GPU="h100") == "NVIDIA H100 80GB HBM3 (M2LIVE_GPU)"
+    assert device(M2LIVE_GPU="cpu") == "the CPU device (M2LIVE_GPU)"
+    row = json.loads(subprocess.run([sys.executable, "-m", "m2live", "gpus", "--json"], capture_output=True,
+                                    text=True, timeout=60).stdout)[0]
+    row.update(name="My A100", aliases=[], nvml_names=[])
+    (tmp_path / "a100.json").write_text(json.dumps(row))
+    assert device(M2LIVE_GPU=str(tmp_path / "a100.json")) == "My A100 (M2LIVE_GPU)"
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        assert device().startswith("the CPU device, for a CPU engine (NVML: ")
+    else:
+        pynvml.nvmlShutdown()
+        assert "(NVML GPU 0; " in device()

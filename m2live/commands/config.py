@@ -94,17 +94,45 @@ def _unwritable(path: str) -> str | None:
     return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot create it under {parent} (not writable)"
 
 
+def device_here(cfg: M2liveConfig) -> str:
+    """The device the plugin would predict for on this machine, and why: M2LIVE_GPU's, else what NVML names (the
+    catalog's row, or a GPU the catalog lacks read from its driver: ``device_spec``), else — no NVIDIA driver —
+    the CPU device of a CPU engine."""
+    from ..device_spec import catalog_or_device, is_derived, read_nvml_facts
+    from ..hardware import UnknownGpuError, get_gpu
+    from ..telemetry import TelemetryError
+
+    if cfg.gpu:
+        if cfg.gpu.strip().lower() in ("cpu", "cpu-device"):
+            return "the CPU device (M2LIVE_GPU)"
+        try:
+            return f"{get_gpu(cfg.gpu).name} (M2LIVE_GPU)"
+        except UnknownGpuError:
+            return "none (M2LIVE_GPU names no GPU m2live knows: see the error below)"
+    index = cfg.gpu_index or 0
+    try:
+        spec = catalog_or_device(read_nvml_facts(index).name, index)
+    except TelemetryError as e:
+        return f"the CPU device, for a CPU engine (NVML: {e}; a CUDA engine would need M2LIVE_GPU)"
+    except ValueError as e:
+        return f"none ({e})"
+    how = "read from its driver: not in the catalog" if is_derived(spec) else "the catalog's"
+    return f"{spec.name} (NVML GPU {index}; {how})"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = M2liveConfig.from_env()  # a bad value raises ConfigError: one line, exit 2 (m2live.cli)
     issues = problems(cfg)
     shown = cfg.describe()
+    device = device_here(cfg)
     if args.json:
-        print(json.dumps({"config": shown, "source": cfg.source, "problems": issues}, indent=2))
+        print(json.dumps({"config": shown, "source": cfg.source, "device": device, "problems": issues}, indent=2))
     else:
         print(f"m2live configuration from {', '.join(cfg.source) or 'defaults'}:")
         width = max(len(k) for k in shown)
         for k, v in shown.items():
             print(f"  {k:<{width}}  {'unset' if v is None else v}")
+        print(f"device here: {device}")
     for line in issues:
         print(f"m2live config: error: {line}", file=sys.stderr)
     return 2 if issues else 0
