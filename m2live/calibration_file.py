@@ -32,7 +32,7 @@ from .calibration_params import (
     row_kind,
 )
 from .efficiency import ArchConstants, constants_for
-from .hardware import GpuSpec, adopt, get_gpu, in_catalog, spec_from_dict
+from .hardware import GpuSpec, adopt, differing_fields, get_gpu, in_catalog, spec_from_dict
 from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
@@ -153,9 +153,10 @@ class Calibration:
             raise CalibrationError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
         try:
             if doc.get("gpu_spec") is not None:  # a GPU outside the catalog, described in the file
-                spec = adopt(spec_from_dict(doc["gpu_spec"], "gpu_spec"), "gpu_spec")
-                if spec.name != str(doc["gpu"]):
-                    raise CalibrationError(f"{where}: gpu_spec describes {spec.name!r}, not {doc['gpu']!r}")
+                described = spec_from_dict(doc["gpu_spec"], "gpu_spec")
+                if described.name != str(doc["gpu"]):
+                    raise CalibrationError(f"{where}: gpu_spec describes {described.name!r}, not {doc['gpu']!r}")
+                _adopt_description(described, where)
             gpu = get_gpu(str(doc["gpu"]))
         except KeyError as e:
             raise CalibrationError(f"{where}: {e}") from None
@@ -178,6 +179,25 @@ class Calibration:
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),
                    dict(doc.get("fit") or {}), path, clean8, held)
+
+
+def _adopt_description(described: GpuSpec, where: str) -> None:
+    """A calibration's ``gpu_spec``: registered when nothing in this process describes that GPU yet. Where a
+    description is already in use — the plugin's reading of the device, a spec file given on the command line —
+    that one stays (a calibration taken in another PCIe slot or at another power limit still applies its
+    constants), with a warning naming what differs; a name the catalog gives another GPU is refused."""
+    try:
+        in_use = get_gpu(described.name)
+    except KeyError:
+        adopt(described, "gpu_spec", provisional=True)
+        return
+    if in_use == described:
+        return
+    if in_catalog(in_use):
+        raise CalibrationError(f"{where}: gpu_spec names {described.name!r}, the catalog's {in_use.name}, with "
+                               "other numbers; a GPU of its own takes a name of its own")
+    log.warning("%s: its description of %s differs from the one in use (%s); the calibration's constants apply "
+                "to the one in use", where, described.name, "; ".join(differing_fields(described, in_use)))
 
 
 def held_constants(ac: ArchConstants, fitted: Iterable[str]) -> dict[str, object]:

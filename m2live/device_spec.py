@@ -38,15 +38,18 @@ from .hardware import (
     INLINE_ECC_DATA_SHARE,
     GpuSpec,
     UnknownGpuError,
+    adopt,
     arch_of,
     get_gpu,
     in_catalog,
-    register,
 )
 
 DERIVED_SOURCE = "read from the device (NVML), not a datasheet"
 log = logging.getLogger("m2live")
 HBM_MIN_BUS_BITS = 2048  # HBM stacks are 1024 bits wide each; GDDR boards top out at 512
+# no GPU's rated boost reaches 2.9 GHz (RTX 4090 2520, RTX 5090 2407 MHz); an NVML maximum above it is a GeForce or
+# RTX workstation board's V/F-table ceiling (~3.1 GHz; hardware.py), not a clock it holds
+CEILING_MHZ = 2900
 GDDR6X_MIN_MEM_MHZ = 9500  # GeForce GDDR6X boards report 9751+ MHz (19.5+ Gbps); GDDR6 ones up to 9001 (18 Gbps)
 # NVLink per link and direction (GB/s): NVLink3 on GA100 (12 links: 300), GA102's bridge links (4: 56.25), NVLink4
 # (18: 450), NVLink5 (18: 900)
@@ -147,8 +150,8 @@ def spec_from_facts(f: DeviceFacts) -> GpuSpec:
     l2 = f.l2_bytes / 2**20 if f.l2_bytes else l2_mb_like(f.compute_capability, sms)
     base = f.base_mhz if f.base_mhz and 0 < f.base_mhz <= boost else boost
     clock = (f"{boost:.0f} MHz (rated boost)" if rated else f"{boost:.0f} MHz (NVML's maximum"
-             + ("; on this board a ceiling it may not sustain: a live clock prices it right)" if rate != 4096
-                and f.compute_capability[0] != 10 and f.compute_capability != (8, 0) else ")"))
+             + ("; a V/F-table ceiling no board sustains: a live clock prices it right)"
+                if f.max_sm_mhz >= CEILING_MHZ else ")"))
     return GpuSpec(
         name=f.name, arch=arch, compute_capability=f.compute_capability, sms=sms, base_mhz=base,
         boost_mhz=boost, bf16_tflops=round(bf16, 1), fp16_tflops=round(bf16, 1),
@@ -197,7 +200,8 @@ def read_nvml_facts(index: int) -> DeviceFacts:
                 nvlinks=links, pcie_gen=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
                 pcie_width=nvml_opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h), ecc=bool(ecc and ecc[0]),
                 base_mhz=nvml_opt(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
-                boost_mhz=nvml_opt(nv.nvmlDeviceGetMaxCustomerBoostClock, h, nv.NVML_CLOCK_SM),
+                boost_mhz=nvml_opt(nv.nvmlDeviceGetMaxCustomerBoostClock, h, nv.NVML_CLOCK_SM) or nvml_opt(
+                    nv.nvmlDeviceGetMaxCustomerBoostClock, h, nv.NVML_CLOCK_GRAPHICS),
             )
         except Exception as e:  # noqa: BLE001
             raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
@@ -224,7 +228,7 @@ def catalog_or_device(name: str, nvml_index: int) -> GpuSpec:
         if known is not None:
             return known
         raise ValueError(f"{missing}; reading its spec from the device failed too: {why}") from None
-    if known is not None and known != spec:
-        log.warning("%s: the description registered before (%s) differs from what the device reports; the "
-                    "device's is used", name, known.source)
-    return register(spec)
+    try:  # (a warning names what differs from a description registered before)
+        return adopt(spec, f"NVML device {nvml_index}", device=True)
+    except UnknownGpuError as e:  # its name or an alias is a catalog GPU's
+        raise ValueError(str(e)) from None

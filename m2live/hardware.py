@@ -19,12 +19,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import limits
+
+log = logging.getLogger("m2live")
 
 # Inline (in-band) ECC on GDDR: 1 byte of check bits per 16 of data, stored in the same devices and read over the
 # same channels — the capacity the driver reports shrinks to 15/16 and so does the bandwidth left for data
@@ -551,6 +554,7 @@ def _index() -> dict[str, GpuSpec]:
 
 _INDEX = _index()
 _CUSTOM: dict[str, GpuSpec] = {}
+_PROVISIONAL: set[str] = set()  # names a calibration's copy of a description holds until a run's own replaces it
 
 
 def register(spec: GpuSpec) -> GpuSpec:
@@ -668,7 +672,7 @@ def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
     if total is not None and not (max(2 * CUDA_RESERVED_MIB, 0.85 * num["mem_gb"] * 1024) <= total
                                   <= 1.1 * num["mem_gb"] * 1024):
         raise bad(f"mem_total_mib {total:g} does not fit mem_gb {num['mem_gb']:g} (the driver reports 0.85-1.1 "
-                  "of the marketed capacity)")
+                  f"of the marketed capacity, and at least {2 * CUDA_RESERVED_MIB} MiB)")
     return GpuSpec(
         name=doc["name"].strip(), arch=arch, compute_capability=cc, sms=int(num["sms"]), base_mhz=base,
         boost_mhz=boost, bf16_tflops=num["bf16_tflops"], fp16_tflops=num.get("fp16_tflops", num["bf16_tflops"]),
@@ -706,9 +710,9 @@ def load_spec_file(path: str) -> GpuSpec:
             raise UnknownGpuError(f"GPU spec {path}: larger than {limits.SPEC_FILE_MAX_BYTES} bytes; a GPU spec "
                                   "is one row of `m2live gpus --json`")
         text = raw.decode()
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # (ValueError: a NUL in the path)
         why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else str(e)
-        raise UnknownGpuError(f"GPU spec {path}: {why}") from None
+        raise UnknownGpuError(f"GPU spec {path!r}: {why}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -723,19 +727,41 @@ def load_spec_file(path: str) -> GpuSpec:
     return adopt(spec_from_dict(doc, f"GPU spec {path}"), f"GPU spec {path}")
 
 
-def adopt(spec: GpuSpec, where: str) -> GpuSpec:
-    """Register ``spec`` (a GPU described outside the catalog: a spec file, a calibration's own copy) under its
-    names, unless one of them already belongs to a different GPU (UnknownGpuError, one line)."""
+def adopt(spec: GpuSpec, where: str, provisional: bool = False, device: bool = False) -> GpuSpec:
+    """Register ``spec`` (a GPU described outside the catalog) under its names, unless one of them already belongs
+    to a different GPU (UnknownGpuError, one line). ``provisional``: a calibration's own copy of the description,
+    which a description given for this run (a spec file, the device's reading) replaces, with a warning naming
+    what differs — a calibration taken in another PCIe slot or at another power limit still applies. ``device``:
+    the GPU's own reading of itself (device_spec), which replaces any description but the catalog's."""
     for key in (spec.name, *spec.aliases, *spec.nvml_names):
-        taken = _CUSTOM.get(_gpu_key(key)) or _INDEX.get(_gpu_key(key))
+        k = _gpu_key(key)
+        taken = _CUSTOM.get(k) or _INDEX.get(k)
         if taken is None or taken == spec:
             continue
-        if _INDEX.get(_gpu_key(key)) is taken:
+        if _INDEX.get(k) is taken:
             raise UnknownGpuError(f"{where}: the name {key!r} is the catalog's {taken.name}; give this GPU a name "
                                   "of its own (a calibration, a trace and a ranking name the GPU)")
+        if (k in _PROVISIONAL or device) and not provisional:
+            log.warning("%s: %s is described otherwise than before (%s; before: %s); this description is used",
+                        where, key, "; ".join(differing_fields(taken, spec)),
+                        "a calibration's copy" if k in _PROVISIONAL else "another description")
+            continue
         raise UnknownGpuError(f"{where}: the name {key!r} already describes another GPU here ({taken.source}); one "
                               "name is one GPU")
-    return register(spec)
+    register(spec)
+    for key in (spec.name, *spec.aliases, *spec.nvml_names):
+        (_PROVISIONAL.add if provisional else _PROVISIONAL.discard)(_gpu_key(key))
+    return spec
+
+
+def differing_fields(a: GpuSpec, b: GpuSpec) -> list[str]:
+    """The datasheet fields in which two descriptions of a GPU differ ("tdp_w 700 -> 1000"), its source aside."""
+    out = []
+    for f in dataclasses.fields(GpuSpec):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if f.name != "source" and va != vb:
+            out.append(f"{f.name} {va!r} -> {vb!r}" if not isinstance(va, tuple) else f.name)
+    return out
 
 
 def in_catalog(spec: GpuSpec) -> bool:

@@ -57,7 +57,7 @@ class Bound:
         if not (self.lo <= value <= self.hi):
             shown = value if abs(value) < 1e15 else (
                 f"{float(value):.3g}" if isinstance(value, float) or abs(value) < 1e300
-                else f"a {len(str(abs(value)))}-digit number")
+                else f"a {len(str(abs(value)))}-digit {'negative ' if value < 0 else ''}number")
             raise error(f"{what} must be within {self.describe()}, got {shown}")
         return value
 
@@ -97,7 +97,7 @@ RATE_RPS = Bound("requests/s", 1e-6, 1e6)  # arrival rate of a workload
 GPU_SMS = Bound("SMs", 1, 1024, integer=True)  # streaming multiprocessors (B200: 148, RTX PRO 6000: 188)
 GPU_TFLOPS = Bound("TFLOP/s", 0.01, 1e5)  # a dense tensor peak (B300 fp8: 4,500)
 MEM_BW_GBS = Bound("GB/s", 1.0, 1e5)  # DRAM bandwidth (B200: 8,000)
-MEM_GB = Bound("GB", 0.5, 1e4)  # device memory (B300: 288)
+MEM_GB = Bound("GB", 2.0, 1e4)  # device memory (B300: 288; no serving GPU has under 2 GB)
 L2_MB = Bound("MiB", 0.0625, 4096.0)  # L2 cache (B200: 126.5)
 TDP_W = Bound("W", 5.0, 5000.0)  # board power limit (GB300: 1,400)
 LINK_GBS = Bound("GB/s", 0.1, 1e5)  # per-direction interconnect (NVLink5: 900)

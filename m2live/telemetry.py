@@ -428,6 +428,16 @@ def nvml_str(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def nvml_device_name(index: int) -> str:
+    """The name NVML gives device ``index`` (all the plugin needs to find a catalog GPU); TelemetryError, one
+    line, when NVML cannot say."""
+    with nvml_session() as pynvml:
+        try:
+            return nvml_str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index)))
+        except Exception as e:  # noqa: BLE001
+            raise TelemetryError(f"NVML device {index} unreadable: {e}") from None
+
+
 def nvml_device_info(uuid: str = "", index: int = 0) -> dict:
     """One NVML device's identity and limits: the device whose UUID contains ``uuid`` (CUDA's; indices differ
     when CUDA_VISIBLE_DEVICES reorders them), else the first CUDA_VISIBLE_DEVICES entry that is an index, else

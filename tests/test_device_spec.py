@@ -5,6 +5,7 @@ and the plugin's device choice reads a GPU the catalog lacks instead of giving u
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 import types
@@ -13,7 +14,9 @@ import pynvml
 import pytest
 
 from m2live import Predictor, Step, hardware
+from m2live.calibration_file import SCHEMA, Calibration
 from m2live.device_spec import DeviceFacts, catalog_or_device, is_derived, read_nvml_facts, spec_from_facts
+from m2live.efficiency import constants_for
 from m2live.hardware import UnknownGpuError, get_gpu
 from m2live.live import device as live_device
 
@@ -92,7 +95,8 @@ def test_what_the_derivation_cannot_tell() -> None:
     clock prices it right); a part whose tensor rate is halved or capped (L40, H20) comes out at its architecture's
     full rate — the source says the rate is assumed."""
     ceiling = spec_from_facts(DeviceFacts("NVIDIA GeForce RTX 4090", (8, 9), 16384, 3105, 10501, 384, 24564, 450))
-    assert ceiling.boost_mhz == 3105 and "a ceiling it may not sustain" in ceiling.source
+    assert ceiling.boost_mhz == 3105 and "a V/F-table ceiling no board sustains" in ceiling.source
+    assert "ceiling" not in spec_from_facts(FACTS["NVIDIA A40"]).source  # a data-centre board's maximum is its boost
     for name, facts in (("NVIDIA L40", DeviceFacts("NVIDIA L40", (8, 9), 18176, 2490, 9001, 384, 46068, 300,
                                                    ecc=True)),
                         ("NVIDIA H20", DeviceFacts("NVIDIA H20", (9, 0), 9984, 1980, 2619, 6144, 97871, 400,
@@ -197,4 +201,85 @@ def test_the_device_wins_over_a_description_registered_before_it(monkeypatch: py
     with caplog.at_level(logging.WARNING, logger="m2live"):
         spec = live_device._catalog_or_device(facts.name, 0)
     assert spec == spec_from_facts(facts) != elsewhere and get_gpu(facts.name) == spec
-    assert "differs from what the device reports" in caplog.text
+    assert "is described otherwise than before" in caplog.text
+    assert "tdp_w 200 -> 250" in caplog.text and "interconnect_gbs 16.0 -> 32.0" in caplog.text
+    # the plugin then loads the calibration again (and a second engine validates its configuration): its
+    # constants apply to the device's description, with a warning naming what differs — never refused
+    c = constants_for(spec)
+    doc = {"schema": SCHEMA, "gpu": spec.name, "arch": spec.kernel_family,
+           "constants": {"eta_mem": {"prior": c.eta_mem, "fitted": 0.95 * c.eta_mem}},
+           "gpu_spec": json.loads(json.dumps(dataclasses.asdict(elsewhere)))}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="m2live"):
+        for _ in range(2):
+            cal = Calibration.from_json(doc, "cal.json")
+            assert cal.gpu == spec.name and cal.fitted() == {"eta_mem": 0.95 * c.eta_mem}
+    assert get_gpu(facts.name) == spec and "the calibration's constants apply to the one in use" in caplog.text
+    # where nothing describes the GPU yet, the calibration's description is the one used
+    monkeypatch.setattr(hardware, "_CUSTOM", {})
+    Calibration.from_json(doc, "cal.json")
+    assert get_gpu(facts.name) == elsewhere
+
+
+FAKE_DRIVER = '''"""An NVML that answers as the driver of the GPUs in $FAKE_NVML_GPUS (JSON list of DeviceFacts fields)."""
+import json, os, types
+import importlib.machinery, importlib.util
+_spec = importlib.machinery.PathFinder.find_spec("pynvml", [p for p in __import__("sys").path if "site-packages" in p])
+_real = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_real)
+globals().update({k: getattr(_real, k) for k in dir(_real) if k.startswith("NVML_") or k == "NVMLError"})
+_GPUS = json.loads(os.environ["FAKE_NVML_GPUS"])
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return len(_GPUS)
+def nvmlDeviceGetHandleByIndex(i):
+    if not 0 <= i < len(_GPUS): raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return _GPUS[i]
+def nvmlDeviceGetName(h): return h["name"]
+def nvmlDeviceGetCudaComputeCapability(h): return tuple(h["compute_capability"])
+def nvmlDeviceGetNumGpuCores(h): return h["cuda_cores"]
+def nvmlDeviceGetMaxClockInfo(h, kind): return h["max_sm_mhz"] if kind == NVML_CLOCK_SM else h["max_mem_mhz"]
+def nvmlDeviceGetMemoryBusWidth(h): return h["mem_bus_bits"]
+def nvmlDeviceGetMemoryInfo(h): return types.SimpleNamespace(total=h["mem_total_mib"] * 2**20)
+def nvmlDeviceGetPowerManagementDefaultLimit(h): return h["power_limit_w"] * 1000
+def nvmlDeviceGetEccMode(h): return (int(h["ecc"]), int(h["ecc"]))
+def nvmlDeviceGetMaxPcieLinkGeneration(h): return h["pcie_gen"]
+def nvmlDeviceGetMaxPcieLinkWidth(h): return h["pcie_width"]
+def nvmlDeviceGetDefaultApplicationsClock(h, kind): raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+def nvmlDeviceGetMaxCustomerBoostClock(h, kind): raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+def nvmlDeviceGetNvLinkState(h, link):
+    if link >= 18: raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(link < h["nvlinks"])
+'''
+
+
+def test_config_check_on_a_machine_whose_driver_names_gpus(tmp_path) -> None:
+    """`m2live config check` against a driver (an NVML answering for two GPUs): the engine's first GPU is the
+    one CUDA_VISIBLE_DEVICES starts with, as the plugin takes it; a GPU the catalog lacks is read from its driver;
+    one neither the catalog nor its driver can describe makes the check fail (the plugin would switch off)."""
+    import os
+    import subprocess
+
+    (tmp_path / "pynvml.py").write_text(FAKE_DRIVER)
+    ada = dataclasses.asdict(DeviceFacts("NVIDIA RTX 5000 Ada Generation", (8, 9), 12800, 2550, 9001, 256, 32760,
+                                         250, pcie_gen=4, pcie_width=16, ecc=True))
+    t4 = dataclasses.asdict(DeviceFacts("Tesla T4", (7, 5), 2560, 1590, 5001, 256, 15360, 70, pcie_gen=3,
+                                        pcie_width=16))
+
+    def check(gpus: list[dict], **env: str) -> subprocess.CompletedProcess:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("M2LIVE_", "CUDA_VISIBLE"))}
+        return subprocess.run([sys.executable, "-m", "m2live", "config", "check", "--json"], capture_output=True,
+                              text=True, timeout=60, env={**clean, **env, "FAKE_NVML_GPUS": json.dumps(gpus),
+                                                           "PYTHONPATH": str(tmp_path)})
+
+    h100 = dataclasses.asdict(FACTS["NVIDIA H100 80GB HBM3"])
+    r = check([h100, ada])
+    assert r.returncode == 0 and json.loads(r.stdout)["device"] == ("NVIDIA H100 80GB HBM3 (NVML GPU 0; the "
+                                                                    "catalog's)"), r.stderr
+    r = check([h100, ada], CUDA_VISIBLE_DEVICES="1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["device"] == ("NVIDIA RTX 5000 Ada Generation (NVML GPU 1; read from its driver: "
+                                              "not in the catalog)")
+    r = check([t4])
+    assert r.returncode == 2 and json.loads(r.stdout)["device"] == "none"
+    assert "compute capability 7.5 is outside" in r.stderr and "switch itself off" in r.stderr

@@ -329,8 +329,10 @@ def test_an_edited_row_is_a_gpu_of_its_own(tmp_path: Path) -> None:
     ({"name": "NVIDIA B200"}, "the name 'NVIDIA B200' is the catalog's NVIDIA B200"),
     ({"aliases": ["h100"]}, "the name 'h100' is the catalog's NVIDIA H100 80GB HBM3"),
     ({"source": ""}, "source must be a non-empty string"),
-    ({"mem_gb": 10**400}, "mem_gb must be within 0.5 .. 10000 GB, got a 401-digit number"),
+    ({"mem_gb": 10**400}, "mem_gb must be within 2 .. 10000 GB, got a 401-digit number"),
     ({"mem_total_mib": 600}, "mem_total_mib 600 does not fit mem_gb"),
+    ({"mem_gb": 1}, "mem_gb must be within 2 .. 10000 GB"),
+    ({"mem_gb": -10**400}, "a 401-digit negative number"),
     ({"name": "DGX"}, "'DGX' cannot name a GPU"),
     ({"name": "other.json"}, "'other.json' cannot name a GPU"),
     ({"name": "cpu"}, "'cpu' cannot name a GPU"),
@@ -418,9 +420,16 @@ def test_a_calibration_of_a_described_gpu_carries_its_spec(tmp_path: Path) -> No
     r = subprocess.run([str(M2LIVE), "predict", "--gpu", "NVIDIA B300 at 900 W", "--calibration", str(cal),
                         "--prefill", "2048", "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    other = dict(row, tdp_w=1000)
+    other = dict(row, tdp_w=1000)  # the same board in another machine, at another power limit
     spec.write_text(json.dumps(other))
-    r = subprocess.run([str(M2LIVE), "predict", "--gpu", str(spec), "--calibration", str(cal), "--prefill", "2048"],
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", str(spec), "--calibration", str(cal), "--prefill", "2048",
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "described otherwise than before (tdp_w 900 -> 1000; before: a calibration's copy)" in r.stderr
+    doc["gpu_spec"]["name"] = "NVIDIA B300 SXM6 AC"  # a catalog name with other numbers: refused
+    doc["gpu"] = "NVIDIA B300 SXM6 AC"
+    cal.write_text(json.dumps(doc))
+    r = subprocess.run([str(M2LIVE), "predict", "--gpu", "b300", "--calibration", str(cal), "--decode", "100"],
                        capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "already describes another GPU here" in lines[0], r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and "the catalog's NVIDIA B300 SXM6 AC" in lines[0], r.stderr

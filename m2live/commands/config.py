@@ -94,37 +94,52 @@ def _unwritable(path: str) -> str | None:
     return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot create it under {parent} (not writable)"
 
 
-def device_here(cfg: M2liveConfig) -> str:
-    """The device the plugin would predict for on this machine, and why: M2LIVE_GPU's, else what NVML names (the
-    catalog's row, or a GPU the catalog lacks read from its driver: ``device_spec``), else — no NVIDIA driver —
-    the CPU device of a CPU engine."""
-    from ..device_spec import catalog_or_device, is_derived, read_nvml_facts
+def device_here(cfg: M2liveConfig) -> tuple[str, str | None]:
+    """The device the plugin would predict for on this machine and why — M2LIVE_GPU's, else what NVML names for
+    the engine's first GPU (M2LIVE_GPU_INDEX, else the first of CUDA_VISIBLE_DEVICES, else 0; a data-parallel
+    engine's rank moves it on), the catalog's row or a GPU the catalog lacks read from its driver, else — no
+    NVIDIA driver — the CPU device of a CPU engine — and the problem that would switch the plugin off, if any
+    (M2LIVE_GPU's own problems are ``problems``')."""
+    from ..device_spec import catalog_or_device, is_derived
     from ..hardware import UnknownGpuError, get_gpu
-    from ..telemetry import TelemetryError
+    from ..live.device import EngineInfo, local_gpu_index
+    from ..telemetry import TelemetryError, nvml_device_name
 
     if cfg.gpu:
         if cfg.gpu.strip().lower() in ("cpu", "cpu-device"):
-            return "the CPU device (M2LIVE_GPU)"
+            return "the CPU device (M2LIVE_GPU)", None
         try:
-            return f"{get_gpu(cfg.gpu).name} (M2LIVE_GPU)"
+            return f"{get_gpu(cfg.gpu).name} (M2LIVE_GPU)", None
         except UnknownGpuError:
-            return "none (M2LIVE_GPU names no GPU m2live knows: see the error below)"
-    index = cfg.gpu_index or 0
+            return "none (M2LIVE_GPU names no GPU m2live knows: see the error below)", None
+    index = cfg.gpu_index if cfg.gpu_index is not None else local_gpu_index(EngineInfo(model_shape=None))
     try:
-        spec = catalog_or_device(read_nvml_facts(index).name, index)
+        name = nvml_device_name(index)
     except TelemetryError as e:
-        return f"the CPU device, for a CPU engine (NVML: {e}; a CUDA engine would need M2LIVE_GPU)"
+        return f"the CPU device, for a CPU engine (NVML: {e}; a CUDA engine would need M2LIVE_GPU)", None
+    try:
+        spec = catalog_or_device(name, index)
     except ValueError as e:
-        return f"none ({e})"
+        return "none", f"NVML GPU {index}: {e}; the plugin would switch itself off (set M2LIVE_GPU)"
     how = "read from its driver: not in the catalog" if is_derived(spec) else "the catalog's"
-    return f"{spec.name} (NVML GPU {index}; {how})"
+    problem = None
+    if cfg.calibration:
+        from ..calibration_file import CalibrationError, load
+
+        try:
+            load(cfg.calibration).check_gpu(spec)
+        except (CalibrationError, UnknownGpuError) as e:
+            problem = f"M2LIVE_CALIBRATION: {str(e).splitlines()[0]}"
+    return f"{spec.name} (NVML GPU {index}; {how})", problem
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = M2liveConfig.from_env()  # a bad value raises ConfigError: one line, exit 2 (m2live.cli)
     issues = problems(cfg)
     shown = cfg.describe()
-    device = device_here(cfg)
+    device, trouble = device_here(cfg)
+    if trouble:
+        issues.append(trouble)
     if args.json:
         print(json.dumps({"config": shown, "source": cfg.source, "device": device, "problems": issues}, indent=2))
     else:

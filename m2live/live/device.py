@@ -125,7 +125,8 @@ def choose_device(cfg: M2liveConfig, info: EngineInfo, shape: ModelShape,
 def _catalog_or_device(name: str, nvml_index: int | None) -> GpuSpec:
     """The catalog's row for ``name``; for a GPU NVML named that the catalog does not list (``nvml_index`` given),
     its spec read from the device (``device_spec``), with a warning that says so. A name the user set
-    (M2LIVE_GPU) must be the catalog's: a typo is an error, not a device to read."""
+    (M2LIVE_GPU: a catalog name or a GPU spec file) is looked up as given: a typo is an error, not a device to
+    read."""
     if nvml_index is None:
         return get_gpu(name)
     spec = catalog_or_device(name, nvml_index)

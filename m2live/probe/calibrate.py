@@ -49,7 +49,7 @@ import numpy as np
 
 from .. import calibrate as cal
 from ..calibration_file import read_rows
-from ..device_spec import catalog_or_device
+from ..device_spec import catalog_or_device, is_derived
 from ..hardware import GpuSpec, get_gpu, in_catalog
 from ..operators import OpModel
 from ..telemetry import ClockSampler, NvmlClockSource, ReplayClockSource, TelemetryError
@@ -457,8 +457,9 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
             spec_file.write_text(json.dumps([dataclasses.asdict(spec)], indent=2) + "\n")
         except OSError as e:
             raise ProbeError(f"cannot write {spec_file}: {one_line(e)}") from None
-        say(f"{spec.name} is not in the catalog: its spec, read from the device, is in {spec_file} (give it as "
-            f"--gpu {spec_file} to calibrate fit, validate or any command)")
+        how = "read from the device" if is_derived(spec) else "as given"
+        say(f"{spec.name} is not in the catalog: its spec ({how}) is in {spec_file} (give it as --gpu {spec_file} "
+            "to calibrate fit, validate or any command)")
     t0 = time.monotonic()
     summary: dict = {"gpu": spec.name, "device_name": torch.cuda.get_device_name() if not dry_run else "cpu",
                      "dry_run": dry_run, "torch": torch.__version__, "attention": attn_what, "fp8_gemm": fp8[1],
