@@ -283,3 +283,13 @@ def test_config_check_on_a_machine_whose_driver_names_gpus(tmp_path) -> None:
     r = check([t4])
     assert r.returncode == 2 and json.loads(r.stdout)["device"] == "none"
     assert "compute capability 7.5 is outside" in r.stderr and "switch itself off" in r.stderr
+    # `m2live gpus --device --json` there writes a spec file any later command (on any machine) takes
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("M2LIVE_", "CUDA_VISIBLE"))}
+    g = subprocess.run([sys.executable, "-m", "m2live", "gpus", "--device", "1", "--json"], capture_output=True,
+                       text=True, timeout=60, env={**clean, "FAKE_NVML_GPUS": json.dumps([h100, ada]),
+                                                    "PYTHONPATH": str(tmp_path)})
+    assert g.returncode == 0, g.stderr
+    (tmp_path / "rtx5000.json").write_text(g.stdout)
+    p = subprocess.run([sys.executable, "-m", "m2live", "predict", "--gpu", str(tmp_path / "rtx5000.json"),
+                        "--decode", "1000x8", "--json"], capture_output=True, text=True, timeout=60, env=clean)
+    assert p.returncode == 0 and json.loads(p.stdout)["gpu"] == "NVIDIA RTX 5000 Ada Generation", p.stderr

@@ -23,12 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def device_spec(index_text: str) -> GpuSpec:
-    from ..device_spec import catalog_or_device, read_nvml_facts
-    from ..telemetry import TelemetryError
+    from ..device_spec import catalog_or_device
+    from ..telemetry import TelemetryError, nvml_device_name
 
     index = int(GPU_INDEX.parse(index_text, "--device"))
-    try:
-        return catalog_or_device(read_nvml_facts(index).name, index)
+    try:  # the name first: a catalog GPU needs nothing more from NVML
+        return catalog_or_device(nvml_device_name(index), index)
     except TelemetryError as e:
         raise ValueError(f"--device {index}: {e}") from None
 
