@@ -34,6 +34,18 @@ def rule_metric_names(text: str) -> set[str]:
     return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
 
 
+def nvml_answers() -> bool:
+    """Whether an NVIDIA driver answers NVML here (the tests of what happens without one skip where one does)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
 def load_script(path: Path, name: str | None = None):
     """A script of the repository (bench/*.py, dashboards/*.py) imported as a module, without running its main."""
     spec = importlib.util.spec_from_file_location(name or f"m2live_script_{path.stem}", path)

@@ -12,6 +12,7 @@ import types
 
 import pynvml
 import pytest
+from conftest import nvml_answers
 
 from m2live import Predictor, Step, hardware
 from m2live.calibration_file import SCHEMA, Calibration
@@ -175,12 +176,7 @@ def test_the_plugin_reads_a_gpu_the_catalog_lacks(monkeypatch: pytest.MonkeyPatc
 
 def test_without_nvml_an_unknown_name_is_one_line_with_both_reasons() -> None:
     """No driver on this machine: the catalog miss and the device read's failure, in one line."""
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:
-        pynvml.nvmlShutdown()
+    if nvml_answers():
         pytest.skip("an NVIDIA driver answers here: device 0 would be read")
     with pytest.raises(ValueError) as ei:
         catalog_or_device("NVIDIA Imaginary 9000", 0)

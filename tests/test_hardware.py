@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import nvml_answers
 
 from m2live.hardware import CATALOG, GpuSpec, UnknownGpuError, all_gpus, close_matches, get_gpu, norm_name
 
@@ -373,14 +374,7 @@ def test_an_unusable_spec_file_is_one_line_exit_2(tmp_path: Path, content: str |
 
 
 def test_gpus_device_without_a_driver_is_one_line_exit_2() -> None:
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:
-        pynvml.nvmlShutdown()
+    if nvml_answers():
         pytest.skip("an NVIDIA driver answers here")
     r = subprocess.run([str(M2LIVE), "gpus", "--device"], capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
