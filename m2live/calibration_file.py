@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -32,7 +31,7 @@ from .calibration_params import (
     row_kind,
 )
 from .efficiency import ArchConstants, constants_for
-from .hardware import GpuSpec, adopt, differing_fields, get_gpu, in_catalog, spec_from_dict
+from .hardware import GpuSpec, adopt, get_gpu, in_catalog, spec_from_dict, spec_to_dict
 from .validate import TableError, in_core_region, measured, read_table
 
 SCHEMA = "m2live.calibration/1"
@@ -138,7 +137,7 @@ class Calibration:
             doc["held"] = self.held
         gpu = get_gpu(self.gpu)
         if not in_catalog(gpu):  # a GPU described by a file or read from its device: the calibration carries it
-            doc["gpu_spec"] = json.loads(json.dumps(dataclasses.asdict(gpu)))
+            doc["gpu_spec"] = spec_to_dict(gpu)
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -156,10 +155,10 @@ class Calibration:
                 described = spec_from_dict(doc["gpu_spec"], "gpu_spec")
                 if described.name != str(doc["gpu"]):
                     raise CalibrationError(f"{where}: gpu_spec describes {described.name!r}, not {doc['gpu']!r}")
-                _adopt_description(described, where)
+                adopt(described, where, origin="calibration")  # yields to the run's own description
             gpu = get_gpu(str(doc["gpu"]))
         except KeyError as e:
-            raise CalibrationError(f"{where}: {e}") from None
+            raise CalibrationError(str(e) if str(e).startswith(f"{where}: ") else f"{where}: {e}") from None
         if doc.get("arch") != gpu.kernel_family:
             raise CalibrationError(f"{where}: arch {doc.get('arch')!r} is not {gpu.name}'s ({gpu.kernel_family})")
         consts, consts8 = doc.get("constants"), doc.get("constants_fp8", {})
@@ -179,25 +178,6 @@ class Calibration:
         return cls(gpu.name, gpu.arch, clean, dict(doc.get("rows") or {}), dict(doc.get("residual") or {}),
                    str(doc.get("m2live_version", "")), str(doc.get("created", "")),
                    dict(doc.get("fit") or {}), path, clean8, held)
-
-
-def _adopt_description(described: GpuSpec, where: str) -> None:
-    """A calibration's ``gpu_spec``: registered when nothing in this process describes that GPU yet. Where a
-    description is already in use — the plugin's reading of the device, a spec file given on the command line —
-    that one stays (a calibration taken in another PCIe slot or at another power limit still applies its
-    constants), with a warning naming what differs; a name the catalog gives another GPU is refused."""
-    try:
-        in_use = get_gpu(described.name)
-    except KeyError:
-        adopt(described, "gpu_spec", provisional=True)
-        return
-    if in_use == described:
-        return
-    if in_catalog(in_use):
-        raise CalibrationError(f"{where}: gpu_spec names {described.name!r}, the catalog's {in_use.name}, with "
-                               "other numbers; a GPU of its own takes a name of its own")
-    log.warning("%s: its description of %s differs from the one in use (%s); the calibration's constants apply "
-                "to the one in use", where, described.name, "; ".join(differing_fields(described, in_use)))
 
 
 def held_constants(ac: ArchConstants, fitted: Iterable[str]) -> dict[str, object]:

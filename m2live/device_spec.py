@@ -13,8 +13,8 @@ L2 size, and the plugin asks NVML for it (no CUDA context: the engine's GPUs sta
   not sustain: a live clock prices them right) → boost, at which the derived tensor peak is quoted;
 - memory bus width x maximum memory clock x 2 → DRAM bandwidth (NVML reports half the data rate: an H100 SXM's
   2619 MHz x 5120 bits gives 3.35 TB/s, an L40S's 9001 MHz x 384 bits 864 GB/s, their datasheets' figures); a bus
-  of 2048 bits or more is HBM (generation by architecture), a narrower one GDDR (GDDR7 on sm_120, GDDR6X on GeForce
-  boards clocked past 9.5 GHz, else GDDR6) and the HBM generation by its pin rate; ECC on a GDDR6/6X board is
+  of 2048 bits or more is HBM, its generation by the pin rate, a narrower one GDDR (GDDR7 on sm_120, GDDR6X on
+  GeForce boards clocked past 9.5 GHz, else GDDR6); ECC on a GDDR6/6X board is
   inline, its 1/16 taken from the data (GDDR7 boards show no carve-out);
 - the default power limit → the power model's budget; active NVLink links x the generation's per-link rate, else the PCIe
   link → the all-reduce's interconnect;
@@ -229,6 +229,6 @@ def catalog_or_device(name: str, nvml_index: int) -> GpuSpec:
             return known
         raise ValueError(f"{missing}; reading its spec from the device failed too: {why}") from None
     try:  # (a warning names what differs from a description registered before)
-        return adopt(spec, f"NVML device {nvml_index}", device=True)
+        return adopt(spec, f"NVML device {nvml_index}", origin="device")
     except UnknownGpuError as e:  # its name or an alias is a catalog GPU's
         raise ValueError(str(e)) from None

@@ -554,7 +554,10 @@ def _index() -> dict[str, GpuSpec]:
 
 _INDEX = _index()
 _CUSTOM: dict[str, GpuSpec] = {}
-_PROVISIONAL: set[str] = set()  # names a calibration's copy of a description holds until a run's own replaces it
+# where a description of a GPU outside the catalog came from, weakest first (adopt decides between two by it)
+DESCRIPTION_ORIGINS = ("calibration", "file", "device")
+DESCRIPTION_ORIGINS_SAID = ("a calibration's copy", "another description", "the device's reading")
+_ORIGIN: dict[str, int] = {}  # name key -> the origin index of the description registered under it
 
 
 def register(spec: GpuSpec) -> GpuSpec:
@@ -606,7 +609,7 @@ INTERCONNECTS = ("nvlink", "pcie", "c2c", "none")
 SPEC_BOUNDS = {"sms": limits.GPU_SMS, "boost_mhz": limits.CLOCK_MHZ, "base_mhz": limits.CLOCK_MHZ,
                "tflops_at_mhz": limits.CLOCK_MHZ, "bf16_tflops": limits.GPU_TFLOPS, "fp16_tflops": limits.GPU_TFLOPS,
                "fp8_tflops": limits.GPU_TFLOPS, "mem_bw_gbs": limits.MEM_BW_GBS, "mem_gb": limits.MEM_GB,
-               "mem_total_mib": limits.Bound("MiB", 512.0, 1e7), "l2_mb": limits.L2_MB, "tdp_w": limits.TDP_W,
+               "mem_total_mib": limits.MEM_TOTAL_MIB, "l2_mb": limits.L2_MB, "tdp_w": limits.TDP_W,
                "interconnect_gbs": limits.LINK_GBS}
 
 
@@ -684,6 +687,12 @@ def spec_from_dict(doc: object, where: str = "GPU spec") -> GpuSpec:
     )
 
 
+def spec_to_dict(spec: GpuSpec) -> dict:
+    """``spec`` as plain JSON values, the form ``spec_from_dict`` reads (a GPU spec file, a calibration's
+    ``gpu_spec``, a row of `m2live gpus --json` less its display-only keys)."""
+    return json.loads(json.dumps(dataclasses.asdict(spec)))
+
+
 SPEC_NAME_MAX_CHARS = 120  # NVML names are under 64 characters
 
 
@@ -727,12 +736,15 @@ def load_spec_file(path: str) -> GpuSpec:
     return adopt(spec_from_dict(doc, f"GPU spec {path}"), f"GPU spec {path}")
 
 
-def adopt(spec: GpuSpec, where: str, provisional: bool = False, device: bool = False) -> GpuSpec:
-    """Register ``spec`` (a GPU described outside the catalog) under its names, unless one of them already belongs
-    to a different GPU (UnknownGpuError, one line). ``provisional``: a calibration's own copy of the description,
-    which a description given for this run (a spec file, the device's reading) replaces, with a warning naming
-    what differs — a calibration taken in another PCIe slot or at another power limit still applies. ``device``:
-    the GPU's own reading of itself (device_spec), which replaces any description but the catalog's."""
+def adopt(spec: GpuSpec, where: str, origin: str = "file") -> GpuSpec:
+    """The GPU a description outside the catalog names, registered under its names (one name is one GPU: a
+    calibration, a trace and a ranking name it). ``origin`` (DESCRIPTION_ORIGINS, weakest first) decides between
+    two descriptions of one name: a stronger one replaces a weaker one and a weaker one yields (the description in
+    use is returned) — a calibration's copy yields to the run's own (a spec file, the device's reading), so a
+    calibration taken in another PCIe slot or at another power limit still applies — each with a warning naming
+    what differs; two files describing one name differently are refused, the device's re-reading replaces its
+    own. A name the catalog gives another GPU is refused. UnknownGpuError, one line."""
+    rank = DESCRIPTION_ORIGINS.index(origin)
     for key in (spec.name, *spec.aliases, *spec.nvml_names):
         k = _gpu_key(key)
         taken = _CUSTOM.get(k) or _INDEX.get(k)
@@ -741,16 +753,20 @@ def adopt(spec: GpuSpec, where: str, provisional: bool = False, device: bool = F
         if _INDEX.get(k) is taken:
             raise UnknownGpuError(f"{where}: the name {key!r} is the catalog's {taken.name}; give this GPU a name "
                                   "of its own (a calibration, a trace and a ranking name the GPU)")
-        if (k in _PROVISIONAL or device) and not provisional:
-            log.warning("%s: %s is described otherwise than before (%s; before: %s); this description is used",
-                        where, key, "; ".join(differing_fields(taken, spec)),
-                        "a calibration's copy" if k in _PROVISIONAL else "another description")
-            continue
-        raise UnknownGpuError(f"{where}: the name {key!r} already describes another GPU here ({taken.source}); one "
-                              "name is one GPU")
+        held = _ORIGIN.get(k, DESCRIPTION_ORIGINS.index("file"))
+        differs = "; ".join(differing_fields(spec, taken) if rank < held else differing_fields(taken, spec))
+        if rank < held:
+            log.warning("%s: its description of %s differs from the one in use (%s); the calibration's constants "
+                        "apply to the one in use", where, key, differs)
+            return taken
+        if rank == held and origin != "device":
+            raise UnknownGpuError(f"{where}: the name {key!r} already describes another GPU here ({taken.source}); "
+                                  "one name is one GPU")
+        log.warning("%s: %s is described otherwise than before (%s; before: %s); this description is used",
+                    where, key, differs, DESCRIPTION_ORIGINS_SAID[held])
     register(spec)
     for key in (spec.name, *spec.aliases, *spec.nvml_names):
-        (_PROVISIONAL.add if provisional else _PROVISIONAL.discard)(_gpu_key(key))
+        _ORIGIN[_gpu_key(key)] = rank
     return spec
 
 

@@ -98,6 +98,7 @@ GPU_SMS = Bound("SMs", 1, 1024, integer=True)  # streaming multiprocessors (B200
 GPU_TFLOPS = Bound("TFLOP/s", 0.01, 1e5)  # a dense tensor peak (B300 fp8: 4,500)
 MEM_BW_GBS = Bound("GB/s", 1.0, 1e5)  # DRAM bandwidth (B200: 8,000)
 MEM_GB = Bound("GB", 2.0, 1e4)  # device memory (B300: 288; no serving GPU has under 2 GB)
+MEM_TOTAL_MIB = Bound("MiB", 512.0, 1e7)  # the driver's memory total (B300: 275,040); checked against MEM_GB too
 L2_MB = Bound("MiB", 0.0625, 4096.0)  # L2 cache (B200: 126.5)
 TDP_W = Bound("W", 5.0, 5000.0)  # board power limit (GB300: 1,400)
 LINK_GBS = Bound("GB/s", 0.1, 1e5)  # per-direction interconnect (NVLink5: 900)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from rich.console import Console
 from rich.table import Table
 
-from ..hardware import GpuSpec, all_gpus
+from ..hardware import GpuSpec, all_gpus, spec_to_dict
 from ..limits import GPU_INDEX
 
 
@@ -36,7 +35,7 @@ def device_spec(index_text: str) -> GpuSpec:
 def run(args: argparse.Namespace) -> int:
     gpus = [device_spec(args.device)] if args.device is not None else all_gpus()
     if args.json:
-        print(json.dumps([{**dataclasses.asdict(g), "cuda_total_gib": round(g.mem_bytes / 2**30, 2),
+        print(json.dumps([{**spec_to_dict(g), "cuda_total_gib": round(g.mem_bytes / 2**30, 2),
                            "inline_ecc": g.inline_ecc, "data_bw_gbs": round(g.data_bw / 1e9, 1)} for g in gpus],
                          indent=2))
         return 0

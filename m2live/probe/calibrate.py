@@ -30,7 +30,6 @@ pipeline (plan -> tables -> fit -> calibration file) is what it exercises (a bf1
 from __future__ import annotations
 
 import csv
-import dataclasses
 import functools
 import inspect
 import itertools
@@ -50,7 +49,7 @@ import numpy as np
 from .. import calibrate as cal
 from ..calibration_file import read_rows
 from ..device_spec import catalog_or_device, is_derived
-from ..hardware import GpuSpec, get_gpu, in_catalog
+from ..hardware import GpuSpec, get_gpu, in_catalog, spec_to_dict
 from ..operators import OpModel
 from ..telemetry import ClockSampler, NvmlClockSource, ReplayClockSource, TelemetryError
 from .device import Interrupted, ProbeError, _Device, load_torch, one_line, sigterm_interrupts
@@ -454,7 +453,7 @@ def run_calibrate(out: str | os.PathLike | None, *, dry_run: bool = False, gpu: 
     if not in_catalog(spec):  # a GPU read from its device: its spec beside the tables, for later processes
         spec_file = out_dir / GPU_SPEC_FILE
         try:
-            spec_file.write_text(json.dumps([dataclasses.asdict(spec)], indent=2) + "\n")
+            spec_file.write_text(json.dumps([spec_to_dict(spec)], indent=2) + "\n")
         except OSError as e:
             raise ProbeError(f"cannot write {spec_file}: {one_line(e)}") from None
         how = "read from the device" if is_derived(spec) else "as given"
