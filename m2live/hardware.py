@@ -21,6 +21,7 @@ import difflib
 import json
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -231,7 +232,7 @@ CATALOG: tuple[GpuSpec, ...] = (
         base_mhz=1275, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
         memory="HBM2e", mem_bw_gbs=2039, mem_gb=80, mem_total_mib=81920, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (2021) + A100 whitepaper table 'A100 SXM4 80GB'",
-        aliases=("a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100"),
+        aliases=("a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100", "a100-sxm-80gb"),
     ),
     GpuSpec(
         name="NVIDIA A100-PCIE-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
@@ -374,7 +375,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "80 GB HBM2e 2 TB/s, 300-350 W, PCIe Gen5 128 GB/s; optional NVLink bridge not assumed) + H100 "
                "whitepaper (114 SMs, 50 MB L2); 1125/1755 MHz board clocks; tflops_at_mhz derived: "
                "756.5 TF / (114 SMs x 4096 FLOP/clk) = 1620 MHz",
-        aliases=("h100-pcie",),
+        aliases=("h100-pcie", "h100-pcie-80gb"),
     ),
     GpuSpec(
         name="NVIDIA H100 NVL", arch="hopper", compute_capability=(9, 0), sms=132,
@@ -477,7 +478,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "clock and 189471 MiB as nvidia-smi reports them on a public GB200 node (the 2.5 PF = 148 x 8192 "
                "x 2062 MHz, so the TF are quoted at that clock); 1200 W GPU power limit, the rated power public "
                "benchmark set-ups use for GB200",
-        aliases=("gb200", "gb200-nvl72", "gb200-nvl4"),
+        aliases=("gb200", "gb200-nvl72", "gb200-nvl4", "gb200-sxm"),
     ),
     GpuSpec(
         name="NVIDIA GB300", arch="blackwell", compute_capability=(10, 3), sms=148,
@@ -488,7 +489,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "maximum power limit and 2070 MHz max SM clock as a public benchmark set-up reads them on GB300 "
                "(2026); SMs, L2, base clock and nvidia-smi's memory total assumed = HGX B300 (148 SMs, sm_103); "
                "tflops_at_mhz derived 2500 TF / (148 x 8192) = 2062 MHz",
-        aliases=("gb300", "gb300-nvl72"),
+        aliases=("gb300", "gb300-nvl72", "gb300-sxm"),
     ),
     GpuSpec(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", arch="blackwell", compute_capability=(12, 0),
@@ -500,7 +501,8 @@ CATALOG: tuple[GpuSpec, ...] = (
                "whitepaper (GB202, 188 SMs, 128 MB L2; FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
                "FP8 1,007.6 dense = 188 x 1024/2048 x 2617 MHz); base/boost 1590/2617 MHz per the "
                "Workstation board (server clocks not published separately)",
-        aliases=("rtxpro6000", "rtxpro6000-server", "pro6000-server"),
+        aliases=("rtxpro6000", "rtxpro6000-server", "pro6000-server", "rtx6000pro", "rtx6000pro-server",
+                 "rtxpro6000-96gb"),
     ),
     GpuSpec(
         name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", arch="blackwell", compute_capability=(12, 0),
@@ -511,7 +513,7 @@ CATALOG: tuple[GpuSpec, ...] = (
                "125 TF FP32 and 4000 AI TOPS* at boost, 96 GB GDDR7 512-bit 1,792 GB/s, 600 W, PCIe Gen5 x16, "
                "no NVLink) + RTX Blackwell whitepaper (FP16/BF16 with FP32 accumulate 503.8 | 1,007.6* TF, "
                "FP8 1,007.6 dense; 1590/2617 MHz; 128 MB L2)",
-        aliases=("rtxpro6000-ws", "pro6000-ws"),
+        aliases=("rtxpro6000-ws", "pro6000-ws", "rtx6000pro-ws"),
     ),
     GpuSpec(
         name="NVIDIA GeForce RTX 5090", arch="blackwell", compute_capability=(12, 0), sms=170,
@@ -553,6 +555,9 @@ def _index() -> dict[str, GpuSpec]:
 
 
 _INDEX = _index()
+# memory technologies a name may carry after the board's memory size (in a normalised key: lower case, no
+# punctuation): a name not found with the word is looked up without it, and taken when the word is that GPU's memory
+_MEMORY_WORDS = re.compile(r"hbm3e|hbm3|hbm2e|hbm2|gddr7|gddr6x|gddr6")
 _CUSTOM: dict[str, GpuSpec] = {}
 # where a description of a GPU outside the catalog came from, weakest first (adopt decides between two by it)
 DESCRIPTION_ORIGINS = ("calibration", "file", "device")
@@ -578,6 +583,12 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
         return load_spec_file(name.strip())
     key = _gpu_key(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
+    if spec is None:  # "B200 180GB HBM3e": the name without its memory's technology, if that is the GPU's
+        words = _MEMORY_WORDS.findall(key)
+        bare = _MEMORY_WORDS.sub("", key)
+        found = (_CUSTOM.get(bare) or _INDEX.get(bare)) if words else None
+        if found is not None and all(norm_name(found.memory) == w for w in words):
+            spec = found
     if spec is not None:
         return spec
     close = close_matches(name)

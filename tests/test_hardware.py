@@ -161,6 +161,24 @@ def test_an_alias_with_the_vendor_in_front_resolves(name: str, expect: str) -> N
         get_gpu("NVIDIA")
 
 
+@pytest.mark.parametrize(("name", "expect"), [("B200 180GB HBM3e", "NVIDIA B200"),
+                                              ("NVIDIA H200 141GB HBM3e", "NVIDIA H200"),
+                                              ("L40S 48GB GDDR6", "NVIDIA L40S"),
+                                              ("RTX PRO 6000 96GB GDDR7", "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+                                              ("H100 PCIe 80GB HBM2e", "NVIDIA H100 PCIe"),
+                                              ("gb200_sxm", "NVIDIA GB200"),
+                                              ("RTX 6000 Pro", "NVIDIA RTX PRO 6000 Blackwell Server Edition")])
+def test_a_name_with_its_memory_technology_resolves(name: str, expect: str) -> None:
+    """The memory's technology after the size (as spec sheets and cloud catalogues write it) names no other GPU;
+    the wrong technology for that GPU is no match, and a name that is found as written is taken as written."""
+    assert get_gpu(name).name == expect
+    for wrong in ("B200 180GB HBM3", "L40S GDDR6X", "H100 PCIe HBM3"):
+        with pytest.raises(UnknownGpuError):
+            get_gpu(wrong)
+    assert get_gpu("GH200 HBM3e").name == "NVIDIA GH200 144G HBM3e"  # its own alias, not the HBM3 GH200
+    assert get_gpu("GH200 HBM3").name == "NVIDIA GH200 480GB"
+
+
 def test_aliases_unique_lowercase_and_case_insensitive() -> None:
     seen: dict[str, str] = {}
     for g in CATALOG:
