@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,22 +25,12 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from m2live.serving_config import ServingConfig  # noqa: E402
-from m2live.shapes import ModelShape  # noqa: E402
+from m2live.shapes import ModelShape, get_model  # noqa: E402
 from m2live.simulate import simulate  # noqa: E402
 
-# Qwen2.5-0.5B-Instruct's config.json (Hugging Face, Qwen/Qwen2.5-0.5B-Instruct): the fields m2live reads
-QWEN25_05B = ModelShape.from_config({
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}, name="Qwen/Qwen2.5-0.5B-Instruct")
-
-# Qwen3-0.6B's config.json (Hugging Face, Qwen/Qwen3-0.6B): the fields m2live reads
-QWEN3_06B = ModelShape.from_config({
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 151936, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}, name="Qwen/Qwen3-0.6B")
+# the two small Qwen models of these runs are presets (m2live.shapes.PRESETS: their config.json shapes)
+QWEN25_05B = replace(get_model("Qwen/Qwen2.5-0.5B"), name="Qwen/Qwen2.5-0.5B-Instruct")  # the runs' checkpoint
+QWEN3_06B = get_model("Qwen/Qwen3-0.6B")
 
 POINTS: list[dict] = [
     {

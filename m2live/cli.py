@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("m2live.commands.validate", "MAPE of the predictor against every opbench CSV in a directory"),
     "predict": ("m2live.commands.predict", "predict one engine step with its full breakdown"),
     "gpus": ("m2live.commands.gpus", "list the GPU catalog"),
+    "models": ("m2live.commands.models", "list the model presets and their shapes"),
     "probe": ("m2live.commands.probe", "measure clock droop and step times on this GPU; score the predictions"),
     "report": ("m2live.commands.report", "render a plugin step trace (JSONL) as a PNG report"),
     "rank": ("m2live.commands.rank", "rank GPU SKUs and TP layouts for a model and workload (capacity planning)"),

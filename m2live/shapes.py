@@ -3,6 +3,7 @@ explicit head_dim) from a HF config or a preset."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -178,7 +179,8 @@ class ModelShape:
             head_dim=head_dim,
             vocab=pos_int("vocab_size", cfg["vocab_size"]),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
+            # Qwen2's attention always has q/k/v biases (its config.json states no attention_bias)
+            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2" or "Qwen2ForCausalLM" in archs,
             qk_norm=model_type in QK_NORM_MODEL_TYPES or "Qwen3ForCausalLM" in archs,
             max_context=context_length(cfg),
             prompt_special_tokens=0 if model_type in NO_BOS_MODEL_TYPES or any(
@@ -259,6 +261,27 @@ PRESETS: dict[str, ModelShape] = {
                    prompt_special_tokens=0),
         ModelShape("Qwen/Qwen3-32B", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True, max_context=40960,
                    prompt_special_tokens=0),
+        # more of the dense Llama / Qwen2.5 / Qwen3 families vLLM users serve (config.json of each Hugging Face id;
+        # Qwen2.5 base models state 131072, their -Instruct tunes 32768; the 3B and 0.5B 32768 both)
+        ModelShape("meta-llama/Llama-3.2-3B", 3072, 8192, 28, 24, 8, 128, 128256, tied_embeddings=True,
+                   max_context=131072),
+        ModelShape("meta-llama/Llama-3.1-405B", 16384, 53248, 126, 128, 8, 128, 128256, max_context=131072),
+        ModelShape("Qwen/Qwen2.5-0.5B", 896, 4864, 24, 14, 2, 64, 151936, qkv_bias=True, tied_embeddings=True,
+                   max_context=32768, prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen2.5-3B", 2048, 11008, 36, 16, 2, 128, 151936, qkv_bias=True, tied_embeddings=True,
+                   max_context=32768, prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen2.5-14B", 5120, 13824, 48, 40, 8, 128, 152064, qkv_bias=True, max_context=131072,
+                   prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen2.5-32B", 5120, 27648, 64, 40, 8, 128, 152064, qkv_bias=True, max_context=131072,
+                   prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen2.5-72B", 8192, 29568, 80, 64, 8, 128, 152064, qkv_bias=True, max_context=131072,
+                   prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen3-0.6B", 1024, 3072, 28, 16, 8, 128, 151936, qk_norm=True, tied_embeddings=True,
+                   max_context=40960, prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen3-4B", 2560, 9728, 36, 32, 8, 128, 151936, qk_norm=True, tied_embeddings=True,
+                   max_context=40960, prompt_special_tokens=0),
+        ModelShape("Qwen/Qwen3-14B", 5120, 17408, 40, 40, 8, 128, 151936, qk_norm=True, max_context=40960,
+                   prompt_special_tokens=0),
     )
 }
 
@@ -307,7 +330,9 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     shape = _ARCH_INDEX.get(_arch_key(s))
     if shape is not None:
         return shape
+    key = _arch_key(s)
+    close = sorted(PRESETS, key=lambda n: -difflib.SequenceMatcher(None, key, _arch_key(n)).ratio())[:3]
     raise ModelShapeError(
-        f"unknown model {s!r}: not a file or directory, and not a preset or a checkpoint of one "
-        f"({', '.join(PRESETS)})"
+        f"unknown model {s!r}: not a file or directory, and not a preset or a checkpoint of one (closest: "
+        f"{', '.join(close)}; `m2live models` lists them all; a config.json of any dense decoder works)"
     )

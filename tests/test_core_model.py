@@ -89,7 +89,22 @@ def test_checkpoints_of_a_presets_architecture_resolve_to_it(name, preset):
     assert get_model(name) is get_model(preset)
 
 
-@pytest.mark.parametrize("name", ["Qwen/Qwen3-32B-AWQ", "meta-llama/Llama-3.1-405B-Instruct-FP8",
+@pytest.mark.parametrize("name, billions", [
+    # each model card's parameter count (Hugging Face); Qwen2.5-32B's card says 32.5 B, its safetensors 32.8 B
+    ("meta-llama/Llama-3.2-3B", 3.21), ("meta-llama/Llama-3.1-405B", 405.0), ("Qwen/Qwen2.5-0.5B", 0.49),
+    ("Qwen/Qwen2.5-3B", 3.09), ("Qwen/Qwen2.5-14B", 14.7), ("Qwen/Qwen2.5-32B", 32.5), ("Qwen/Qwen2.5-72B", 72.7),
+    ("Qwen/Qwen3-0.6B", 0.6), ("Qwen/Qwen3-4B", 4.0), ("Qwen/Qwen3-14B", 14.8),
+])
+def test_presets_hold_their_model_cards_parameter_counts(name, billions):
+    """A preset's shapes (copied from its config.json) give the parameter count its model card states, within 1 %
+    (the cards round), and its instruct and fp8 checkpoints resolve to it."""
+    m = get_model(name)
+    assert m.param_count() / 1e9 == pytest.approx(billions, rel=0.01)
+    base = name.split("/")[1]
+    assert get_model(f"{base}-Instruct") is m and get_model(f"{name}-Instruct-FP8") is m
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3-32B-AWQ", "Qwen/Qwen3-1.7B-FP8",
                                   "meta-llama/Llama-3.1-8B-Instruct-GPTQ-INT4", "Qwen/Qwen3-30B-A3B", "instruct-fp8"])
 def test_other_architectures_and_int4_checkpoints_stay_unknown(name):
     with pytest.raises(ModelShapeError, match="unknown model"):
@@ -744,3 +759,32 @@ def test_trtllm_prefill_lone_tile_runs_its_softmax_in_series():
         assert not OpModel(gpu).c.prefill_pingpong
     with pytest.raises(ValueError, match="prefill_pingpong"):
         replace(b300.c, prefill_pack_gqa=True)
+
+
+def test_cli_models_lists_every_preset_and_its_json_rows_are_configs(tmp_path):
+    """``m2live models`` names every preset; a ``--json`` row written as a config.json is a model that resolves to
+    the same shapes (the directory form every --model takes), and an unknown name points at the closest presets."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from m2live.shapes import PRESETS
+
+    r = subprocess.run([sys.executable, "-m", "m2live", "models", "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["name"] for row in rows] == list(PRESETS)
+    for row in rows:
+        d = tmp_path / row["name"].replace("/", "_")
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(row))
+        m = get_model(d)
+        assert dataclasses.replace(m, name=row["name"]) == PRESETS[row["name"]], row["name"]
+        assert row["parameters_b"] == round(m.param_count() / 1e9, 2)
+    table = subprocess.run([sys.executable, "-m", "m2live", "models"], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and all(name in table.stdout for name in PRESETS)
+    bad = subprocess.run([sys.executable, "-m", "m2live", "predict", "--gpu", "h100", "--model", "Qwen/Qwen3-1.7B",
+                          "--decode", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "closest: Qwen/Qwen3-" in bad.stderr and "`m2live models`" in bad.stderr
