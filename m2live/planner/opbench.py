@@ -1,7 +1,8 @@
 """Decision quality of the GPU ranking on opbench's measured bf16 GEMM tables.
 
-Workloads are Llama-like: each preset model's four projections (qkv, o, gate_up, down) at TP 1/2/4/8, mapped to
-the nearest (N, K) every table measured where the exact shape is absent, summed at each M of ``VALIDATION_MS``.
+Workloads are Llama-like: each validation model's (``VALIDATION_MODELS``) four projections (qkv, o, gate_up, down)
+at TP 1/2/4/8, mapped to the nearest (N, K) every table measured where the exact shape is absent, summed at each M
+of ``VALIDATION_MS``.
 Two rankings are scored: the GPUs on each workload, and every GPU x TP layout of one model by GPU-time.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..hardware import get_gpu
-from ..shapes import PRESETS, ModelShape, ModelShapeError, get_model
+from ..shapes import ModelShape, ModelShapeError, get_model
 from ..validate import Table, TableError, find_tables, measured, read_table
 from .decision import VALIDATION_MS, DecisionPoint, Shapes, gemm_predictor, roofline_predictor, score_points
 from .memory import PlanError
@@ -108,6 +109,13 @@ def _nearest(target: tuple[int, int], grid: Iterable[tuple[int, int]]) -> tuple[
     return min(grid, key=lambda g: (abs(math.log(g[0] / n)) + abs(math.log(g[1] / k)), g))
 
 
+# The models whose projections make the decision points (the presets m2live had when this check was defined,
+# 2026-12; a fixed set, so that adding a preset does not move results/ranking.json)
+VALIDATION_MODELS = ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.2-1B",
+                     "meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-8B", "Qwen/Qwen2.5-7B",
+                     "mistralai/Mistral-7B-v0.3", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
+
+
 def _on_grid(real: Shapes, grid: set[tuple[int, int]]) -> Shapes:
     """Each shape, or the nearest grid cell (log distance) where the grid lacks it."""
     return tuple(nk if nk in grid else _nearest(nk, grid) for nk in real)
@@ -125,7 +133,7 @@ def _projections(shape: ModelShape) -> dict[int, Shapes]:
 
 
 def projection_workloads(tables: Sequence[GemmTable], ms: Sequence[int] = VALIDATION_MS) -> list[GemmWorkload]:
-    """Llama-like projection workloads on the (N, K) grid every table shares: each preset model's four
+    """Llama-like projection workloads on the (N, K) grid every table shares: each validation model's four
     projections at each TP, mapped to the nearest common (N, K) (log distance) where the exact shape is
     absent; de-duplicated; only M values measured for all of them in every table."""
     common = _common_grid(tables)
@@ -133,7 +141,7 @@ def projection_workloads(tables: Sequence[GemmTable], ms: Sequence[int] = VALIDA
         return []
     out: list[GemmWorkload] = []
     seen: set[tuple] = set()
-    for name in PRESETS:
+    for name in VALIDATION_MODELS:
         shape = get_model(name)
         for tp, real in _projections(shape).items():
             mapped = _on_grid(real, common)
@@ -163,7 +171,7 @@ def _layout_point(name: str, m: int, tables: Sequence[GemmTable], by_tp: dict[in
 
 
 def opbench_layout_points(tables: Sequence[GemmTable], ms: Sequence[int] = VALIDATION_MS) -> list[DecisionPoint]:
-    """Per preset model and M: every GPU x TP layout as one item, valued at its GPU-time (TP x the time of its
+    """Per validation model and M: every GPU x TP layout as one item, valued at its GPU-time (TP x the time of its
     TP-sharded projections, mapped to the nearest common (N, K)), so layouts of different GPUs and degrees
     compete the way the planner's per-GPU throughput ranking makes them."""
     common = _common_grid(tables)
@@ -171,7 +179,7 @@ def opbench_layout_points(tables: Sequence[GemmTable], ms: Sequence[int] = VALID
         return []
     points: list[DecisionPoint] = []
     seen: set[tuple] = set()
-    for name in PRESETS:
+    for name in VALIDATION_MODELS:
         shape = get_model(name)
         sig = (shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim)
         if sig in seen:
