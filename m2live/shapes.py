@@ -26,19 +26,27 @@ class ModelShapeError(ValueError):
 DECODER_ARCHS = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
     "GemmaForCausalLM", "Phi3ForCausalLM", "InternLM2ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
-    "Olmo2ForCausalLM", "OlmoForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM",
+    "Olmo2ForCausalLM", "OlmoForCausalLM", "StableLmForCausalLM",
 }
 # HF ``model_type`` values whose layers are that dense decoder (a config naming another one is refused: mixture-
 # of-experts, state-space and multi-latent-attention models have other operators). Qwen3 adds a per-head
 # RMSNorm on q and k before RoPE and states head_dim explicitly (Qwen3-32B: 64 x 128 = 8192 != hidden 5120).
 DENSE_MODEL_TYPES = {
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "internlm2", "granite", "cohere", "olmo",
-    "olmo2", "stablelm", "starcoder2",
+    "olmo2", "stablelm",
 }
+# StarCoder2's MLP is not gated (c_fc -> GELU -> c_proj: one up projection of intermediate_size, not two), so the
+# gated shape would price its up projection twice: refused, as other layer kinds are (until 2026-12-07 it was taken)
+UNGATED_MODEL_TYPES = {"starcoder2", "gpt_bigcode", "gpt2", "gpt_neox", "falcon", "bloom", "opt"}
+UNGATED_ARCHS = {"Starcoder2ForCausalLM", "GPTBigCodeForCausalLM", "GPTNeoXForCausalLM", "FalconForCausalLM",
+                 "BloomForCausalLM", "OPTForCausalLM"}
+# keys a mixture-of-experts config carries (Mixtral, Qwen2/3-MoE, DeepSeek, GPT-OSS, ...): its layers route each
+# token to a few of many expert MLPs, which the dense shape does not price, whatever model_type or architectures say
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
 QK_NORM_MODEL_TYPES = {"qwen3"}
-# model types whose usual tokenizers add no BOS to a prompt (Qwen's: bos_token null; StarCoder2's, Granite's and
-# StableLM's GPT-2 / NeoX-style ones); a tokenizer_config.json beside the config says for itself (add_bos_token)
-NO_BOS_MODEL_TYPES = {"qwen2", "qwen3", "starcoder2", "granite", "stablelm"}
+# model types whose usual tokenizers add no BOS to a prompt (Qwen's: bos_token null; Granite's and StableLM's
+# GPT-2 / NeoX-style ones); a tokenizer_config.json beside the config says for itself (add_bos_token)
+NO_BOS_MODEL_TYPES = {"qwen2", "qwen3", "granite", "stablelm"}
 
 
 @dataclass(frozen=True)
@@ -145,8 +153,16 @@ class ModelShape:
         if model_type is not None and not isinstance(model_type, str):
             raise ModelShapeError(f"{name}: model_type must be a string, got {model_type!r:.60}")
         if model_type is not None and model_type not in DENSE_MODEL_TYPES:
-            raise ModelShapeError(f"{name}: model_type {model_type!r} is not a supported dense decoder (one of "
+            why = " (its MLP is not gated)" if model_type in UNGATED_MODEL_TYPES else ""
+            raise ModelShapeError(f"{name}: model_type {model_type!r} is not a supported dense decoder{why} (one of "
                                   f"{', '.join(sorted(DENSE_MODEL_TYPES))})")
+        if any(a in UNGATED_ARCHS for a in archs):
+            raise ModelShapeError(f"{name}: {next(a for a in archs if a in UNGATED_ARCHS)}'s MLP is not gated: m2live "
+                                  "prices gated-MLP decoders (Llama, Mistral, Qwen, ...)")
+        experts = [k for k in MOE_KEYS if cfg.get(k) not in (None, 0, 1, False)]
+        if experts:
+            raise ModelShapeError(f"{name}: a mixture-of-experts config ({experts[0]} = {cfg[experts[0]]!r:.20}): m2live "
+                                  "prices dense decoders only")
         if cfg.get("is_encoder_decoder") or (archs and not any(a in DECODER_ARCHS or a.endswith("ForCausalLM")
                                                                 for a in archs)):
             raise ModelShapeError(f"{name}: not a decoder-only causal LM (architectures={archs})")

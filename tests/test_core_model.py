@@ -788,3 +788,21 @@ def test_cli_models_lists_every_preset_and_its_json_rows_are_configs(tmp_path):
                           "--decode", "1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "closest: Qwen/Qwen3-" in bad.stderr and "`m2live models`" in bad.stderr
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"]}, "not gated"),
+    ({"architectures": ["Starcoder2ForCausalLM"]}, "not gated"),
+    ({"model_type": "mistral", "num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128, "moe_intermediate_size": 768},
+     "mixture-of-experts"),
+])
+def test_layers_m2live_does_not_price_are_refused_whatever_the_config_calls_them(extra, says):
+    """A dense shape would misprice them silently: StarCoder2's MLP has one up projection, not a gated pair; a
+    mixture-of-experts layer routes each token to a few of many expert MLPs. Both are refused in one line."""
+    base = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 32000}
+    with pytest.raises(ModelShapeError, match=says) as e:
+        ModelShape.from_config({**base, **extra})
+    assert "\n" not in str(e.value)
+    assert ModelShape.from_config({**base, "model_type": "qwen2", "num_experts": 0}).hidden == 4096  # 0: dense
