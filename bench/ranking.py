@@ -1,8 +1,8 @@
 """Decision quality of the GPU ranking, and example capacity plans → results/ranking.json.
 
-1. opbench (``../shared/data/opbench/*``): GEMM-sum workloads made of Llama-like projection shapes (each preset
-   model's qkv / o / gate_up / down at TP 1/2/4/8, mapped to the nearest (N, K) every table has) at
-   M ∈ {1, 16, 64, 256, 1024, 4096, 8192}; predicted (the OpModel `m2live validate` uses) vs measured order of
+1. opbench (``../shared/data/opbench/*``): GEMM-sum workloads made of Llama-like projection shapes (each model of
+   ``planner.opbench.VALIDATION_MODELS``: qkv / o / gate_up / down at TP 1/2/4/8, mapped to the nearest (N, K)
+   every table has) at M ∈ {1, 16, 64, 256, 1024, 4096, 8192}; predicted (the OpModel `m2live validate` uses) vs measured order of
    the GPUs: top-1 hit rate (within 3 % of the measured best), Spearman ρ, mean regret, pairwise order
    accuracy, and the error of the predicted speed ratios; the same for a constant-η roofline baseline.
 2. Vidur (``../shared/data/vidur``, an independent software stack): Llama-2-7b-hf's real projection shapes,

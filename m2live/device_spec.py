@@ -90,12 +90,13 @@ def tensor_flop_per_clk(name: str, cc: tuple[int, int]) -> int:
 
 
 def memory_technology(name: str, cc: tuple[int, int], bus_bits: int, mem_mhz: float) -> str:
-    """HBM from a 2048-bit bus up, its generation by the pin rate (2 x NVML's clock: HBM2e up to 3.6 Gb/s — A100,
-    H100 PCIe 3.2; HBM3 5.2-5.6 — H100 SXM, GH200, H20; HBM3e 6.4 and up — H200, B200); else GDDR7 on sm_120,
-    GDDR6X on GeForce boards past 9.5 GHz, GDDR6 otherwise."""
+    """HBM from a 2048-bit bus up, its generation by the pin rate (2 x NVML's clock: HBM2 up to 2.4 Gb/s — A100
+    40GB, A30 2.43; HBM2e up to 3.6 — A100 80GB 3.2, H100 PCIe 3.1; HBM3 5.2-5.6 — H100 SXM, GH200, H20; HBM3e 6.4
+    and up — H200, B200); else GDDR7 on sm_120, GDDR6X on GeForce boards past 9.5 GHz, GDDR6 otherwise. HBM2 and
+    HBM2e stream alike here (efficiency.MEMORY_FITTED_ON: the A100's ceiling), so the split only names them."""
     if bus_bits >= HBM_MIN_BUS_BITS:
         gbps = 2 * mem_mhz / 1000
-        return "HBM2e" if gbps < 4.0 else ("HBM3" if gbps < 6.0 else "HBM3e")
+        return ("HBM2" if gbps < 2.8 else "HBM2e") if gbps < 4.0 else ("HBM3" if gbps < 6.0 else "HBM3e")
     if cc[0] >= 12:
         return "GDDR7"
     if "geforce" in name.lower() and mem_mhz > GDDR6X_MIN_MEM_MHZ:

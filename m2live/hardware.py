@@ -221,7 +221,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-SXM4-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=1095, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
+        memory="HBM2", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=400, interconnect="nvlink", interconnect_gbs=300,
         source="NVIDIA A100 datasheet (A100 40GB SXM: 312 TF dense BF16, 1,555 GB/s, 400 W, NVLink3 600 GB/s "
                "total) + A100 whitepaper (108 SMs, 1410 MHz boost, 40 MB L2); base clock 1095 MHz per "
                "nvidia-smi default application clock",
@@ -237,7 +237,7 @@ CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="NVIDIA A100-PCIE-40GB", arch="ampere", compute_capability=(8, 0), sms=108,
         base_mhz=765, boost_mhz=1410, bf16_tflops=312, fp16_tflops=312, fp8_tflops=None, tflops_at_mhz=1410,
-        memory="HBM2e", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
+        memory="HBM2", mem_bw_gbs=1555, mem_gb=40, mem_total_mib=40960, l2_mb=40, tdp_w=250, interconnect="pcie", interconnect_gbs=32,
         source="NVIDIA A100 datasheet (A100 40GB PCIe: 312 TF dense BF16, 1,555 GB/s, 250 W, PCIe Gen4 "
                "64 GB/s bidirectional; the optional 2-GPU NVLink bridge is not assumed) + A100 whitepaper "
                "(108 SMs, 40 MB L2); base 765 MHz per the board's published clocks",
@@ -555,9 +555,30 @@ def _index() -> dict[str, GpuSpec]:
 
 
 _INDEX = _index()
-# memory technologies a name may carry after the board's memory size (in a normalised key: lower case, no
-# punctuation): a name not found with the word is looked up without it, and taken when the word is that GPU's memory
-_MEMORY_WORDS = re.compile(r"hbm3e|hbm3|hbm2e|hbm2|gddr7|gddr6x|gddr6")
+# what spec sheets and cloud catalogues write after a GPU's name: its memory's size and technology, "B300 288GB
+# HBM3e". A name not found as written is looked up without them, and taken when they are that GPU's own: the
+# technology its memory's, the size its memory's in GB
+_MEMORY_WORDS = frozenset({"hbm3e", "hbm3", "hbm2e", "hbm2", "gddr7", "gddr6x", "gddr6"})
+_MEMORY_SIZE = re.compile(r"(\d{1,4})g(?:b|ib)?")
+
+
+def _by_memory_words(name: str) -> GpuSpec | None:
+    """The GPU ``name`` means with its last words taken off when they are its memory's technology and size: the
+    technology first (the size may tell two boards apart, "A100 40GB HBM2"), then the size."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    tech = words.pop() if len(words) > 1 and words[-1] in _MEMORY_WORDS else None
+    size = _MEMORY_SIZE.fullmatch(words[-1]) if len(words) > 1 else None
+    tries = ([(words, None)] if tech is not None else []) + ([(words[:-1], size)] if size else [])
+    for rest, gb in tries:
+        found = _CUSTOM.get(_gpu_key(" ".join(rest))) or _INDEX.get(_gpu_key(" ".join(rest)))
+        if found is None:
+            continue
+        if (tech is not None and norm_name(found.memory) != tech) or (gb and int(gb.group(1)) != round(found.mem_gb)):
+            return None  # the GPU that name is, with another memory: no GPU
+        return found
+    return None
+
+
 _CUSTOM: dict[str, GpuSpec] = {}
 # where a description of a GPU outside the catalog came from, weakest first (adopt decides between two by it)
 DESCRIPTION_ORIGINS = ("calibration", "file", "device")
@@ -583,12 +604,8 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
         return load_spec_file(name.strip())
     key = _gpu_key(name)
     spec = _CUSTOM.get(key) or _INDEX.get(key)
-    if spec is None:  # "B200 180GB HBM3e": the name without its memory's technology, if that is the GPU's
-        words = _MEMORY_WORDS.findall(key)
-        bare = _MEMORY_WORDS.sub("", key)
-        found = (_CUSTOM.get(bare) or _INDEX.get(bare)) if words else None
-        if found is not None and all(norm_name(found.memory) == w for w in words):
-            spec = found
+    if spec is None:
+        spec = _by_memory_words(name)
     if spec is not None:
         return spec
     close = close_matches(name)

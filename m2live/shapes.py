@@ -37,9 +37,11 @@ DENSE_MODEL_TYPES = {
 }
 # StarCoder2's MLP is not gated (c_fc -> GELU -> c_proj: one up projection of intermediate_size, not two), so the
 # gated shape would price its up projection twice: refused, as other layer kinds are (until 2026-12-07 it was taken)
-UNGATED_MODEL_TYPES = {"starcoder2", "gpt_bigcode", "gpt2", "gpt_neox", "falcon", "bloom", "opt"}
+UNGATED_MODEL_TYPES = {"starcoder2", "gpt_bigcode", "gpt2", "gpt_neox", "falcon", "bloom", "opt", "phi", "gptj",
+                       "mpt", "gpt_neo", "codegen"}
 UNGATED_ARCHS = {"Starcoder2ForCausalLM", "GPTBigCodeForCausalLM", "GPTNeoXForCausalLM", "FalconForCausalLM",
-                 "BloomForCausalLM", "OPTForCausalLM"}
+                 "BloomForCausalLM", "OPTForCausalLM", "PhiForCausalLM", "GPTJForCausalLM", "MptForCausalLM",
+                 "GPTNeoForCausalLM", "CodeGenForCausalLM"}
 # keys a mixture-of-experts config carries (Mixtral, Qwen2/3-MoE, DeepSeek, GPT-OSS, ...): its layers route each
 # token to a few of many expert MLPs, which the dense shape does not price, whatever model_type or architectures say
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")

@@ -163,16 +163,22 @@ def test_an_alias_with_the_vendor_in_front_resolves(name: str, expect: str) -> N
 
 @pytest.mark.parametrize(("name", "expect"), [("B200 180GB HBM3e", "NVIDIA B200"),
                                               ("NVIDIA H200 141GB HBM3e", "NVIDIA H200"),
-                                              ("L40S 48GB GDDR6", "NVIDIA L40S"),
+                                              ("B300 288GB HBM3e", "NVIDIA B300 SXM6 AC"), ("H20 96GB HBM3", "NVIDIA H20"),
+                                              ("L40S 48GB GDDR6", "NVIDIA L40S"), ("L4 24GB GDDR6", "NVIDIA L4"),
+                                              ("RTX 4090 24GB GDDR6X", "NVIDIA GeForce RTX 4090"),
                                               ("RTX PRO 6000 96GB GDDR7", "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
                                               ("H100 PCIe 80GB HBM2e", "NVIDIA H100 PCIe"),
+                                              ("A100 40GB HBM2", "NVIDIA A100-SXM4-40GB"),
+                                              ("A100 80GB HBM2e", "NVIDIA A100-SXM4-80GB"),
+                                              ("B300 288GB", "NVIDIA B300 SXM6 AC"),
                                               ("gb200_sxm", "NVIDIA GB200"),
                                               ("RTX 6000 Pro", "NVIDIA RTX PRO 6000 Blackwell Server Edition")])
-def test_a_name_with_its_memory_technology_resolves(name: str, expect: str) -> None:
-    """The memory's technology after the size (as spec sheets and cloud catalogues write it) names no other GPU;
-    the wrong technology for that GPU is no match, and a name that is found as written is taken as written."""
+def test_a_name_with_its_memory_size_and_technology_resolves(name: str, expect: str) -> None:
+    """Spec sheets and cloud catalogues write a GPU's memory size and technology after its name: they name no
+    other GPU, and a size or technology that is not that GPU's is no match (the A100 40GB is HBM2, the 80GB
+    HBM2e, per NVIDIA's A100 datasheet); a name found as written is taken as written."""
     assert get_gpu(name).name == expect
-    for wrong in ("B200 180GB HBM3", "L40S GDDR6X", "H100 PCIe HBM3"):
+    for wrong in ("B200 180GB HBM3", "L40S GDDR6X", "H100 PCIe HBM3", "A100 40GB HBM2e", "H100 94GB", "HBM3e"):
         with pytest.raises(UnknownGpuError):
             get_gpu(wrong)
     assert get_gpu("GH200 HBM3e").name == "NVIDIA GH200 144G HBM3e"  # its own alias, not the HBM3 GH200

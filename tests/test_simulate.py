@@ -425,16 +425,16 @@ def test_more_hardware_never_serves_fewer_tokens_and_longer_prompts_never_start_
         for gpu in gpus:
             ttft = {}
             for tp in (1, 2, 4, 8):
-                for isl in (1024, 4096):
+                for isl in (1024, 1536, 4096):
                     r = simulate(model, gpu, tp, isl, 128, ServingConfig(concurrency=32, num_prompts=64),
                                  precision=prec)
                     ttft[tp, isl] = r.ttft_ms
                     if isl == 1024:
                         tput[gpu, tp] = r.output_tokens_per_s
             for tp in (1, 2, 4, 8):
-                assert ttft[tp, 4096] >= ttft[tp, 1024], (model, gpu, tp, ttft)
+                assert ttft[tp, 1024] <= ttft[tp, 1536] <= ttft[tp, 4096], (model, gpu, tp, ttft)
             for a, b in ((1, 2), (2, 4), (4, 8)):
-                assert tput[gpu, b] >= 0.99 * tput[gpu, a], (model, gpu, a, b, tput)
+                assert tput[gpu, b] >= tput[gpu, a], (model, gpu, a, b, tput)
         for tp in (1, 2, 4, 8):
             got = [tput[g, tp] for g in gpus]
             assert got == sorted(got), (model, tp, got)
