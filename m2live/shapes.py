@@ -4,6 +4,7 @@ explicit head_dim) from a HF config or a preset."""
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import os
@@ -270,7 +271,7 @@ PRESETS: dict[str, ModelShape] = {
                    max_context=131072),
         ModelShape("meta-llama/Llama-2-7b-hf", 4096, 11008, 32, 32, 32, 128, 32000, max_context=4096),
         ModelShape("meta-llama/Meta-Llama-3-8B", 4096, 14336, 32, 32, 8, 128, 128256, max_context=8192),
-        # the base model's 131072 (Qwen2.5-7B-Instruct's config.json states 32768)
+        # the base model's 131072 (Qwen2.5-7B-Instruct's config.json states 32768: INSTRUCT_CONTEXT)
         ModelShape("Qwen/Qwen2.5-7B", 3584, 18944, 28, 28, 4, 128, 152064, qkv_bias=True, max_context=131072,
                    prompt_special_tokens=0),
         ModelShape("mistralai/Mistral-7B-v0.3", 4096, 14336, 32, 32, 8, 128, 32768, max_context=32768),
@@ -316,6 +317,19 @@ PRESET_ALIASES: dict[str, str] = {"Llama-3.3-70B": "meta-llama/Llama-3.1-70B"}
 CHECKPOINT_WORDS = frozenset({"instruct", "chat", "it", "base", "hf", "fp8", "dynamic", "meta"})
 
 
+# Instruct tunes whose config.json states a shorter context than their base model's (the length vLLM refuses a
+# --max-model-len past): Qwen2.5's -Instruct checkpoints state 32768 where the base models state 131072 (their
+# config.json files; YaRN rope scaling, which the model card describes for longer inputs, raises it where a
+# config.json adds it, and a config.json given as the model is read as it is)
+INSTRUCT_CONTEXT: dict[str, int] = {f"Qwen/Qwen2.5-{b}B": 32768 for b in ("7", "14", "32", "72")}
+
+
+@functools.cache
+def _instruct_shape(preset: str) -> ModelShape:
+    """The preset's shape with its instruct tune's context (one object per preset, as a preset is one)."""
+    return replace(PRESETS[preset], max_context=INSTRUCT_CONTEXT[preset])
+
+
 def _arch_key(name: str) -> str:
     """A model id reduced to its architecture: the part after the last slash, without CHECKPOINT_WORDS."""
     words = re.split(r"[-_\s]", name.split("/")[-1].lower())
@@ -347,7 +361,8 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
         return ModelShape.from_path(s)
     shape = _ARCH_INDEX.get(_arch_key(s))
     if shape is not None:
-        return shape
+        tuned = shape.name in INSTRUCT_CONTEXT and "instruct" in re.split(r"[-_\s]", s.split("/")[-1].lower())
+        return _instruct_shape(shape.name) if tuned else shape
     key = _arch_key(s)
     close = sorted(PRESETS, key=lambda n: -difflib.SequenceMatcher(None, key, _arch_key(n)).ratio())[:3]
     raise ModelShapeError(

@@ -98,10 +98,30 @@ def test_checkpoints_of_a_presets_architecture_resolve_to_it(name, preset):
 def test_presets_hold_their_model_cards_parameter_counts(name, billions):
     """A preset's shapes (copied from its config.json) give the parameter count its model card states, within 1 %
     (the cards round), and its instruct and fp8 checkpoints resolve to it."""
+    import dataclasses
+
     m = get_model(name)
     assert m.param_count() / 1e9 == pytest.approx(billions, rel=0.01)
     base = name.split("/")[1]
-    assert get_model(f"{base}-Instruct") is m and get_model(f"{name}-Instruct-FP8") is m
+    tuned = get_model(f"{base}-Instruct")
+    assert get_model(f"{name}-Instruct-FP8") is tuned
+    assert dataclasses.replace(tuned, max_context=m.max_context) == m  # the same shapes; the context may differ
+
+
+def test_an_instruct_tune_takes_its_own_config_context():
+    """Qwen2.5's -Instruct config.json files state 32768 where the base models state 131072 (the length vLLM
+    refuses a --max-model-len past); Llama's tunes keep their base's."""
+    from m2live.simulate import ServingConfig, SimulationError, simulate
+
+    for b in ("7", "14", "32", "72"):
+        assert get_model(f"Qwen/Qwen2.5-{b}B").max_context == 131072
+        assert get_model(f"Qwen/Qwen2.5-{b}B-Instruct").max_context == 32768
+        assert get_model(f"qwen2.5-{b}b-instruct") is get_model(f"Qwen/Qwen2.5-{b}B-Instruct")
+    assert get_model("meta-llama/Llama-3.1-8B-Instruct") is get_model("meta-llama/Llama-3.1-8B")
+    cfg = ServingConfig(concurrency=1, num_prompts=1)
+    with pytest.raises(SimulationError, match="context"):
+        simulate("Qwen/Qwen2.5-7B-Instruct", "NVIDIA H200", 1, 40000, 16, cfg)
+    assert simulate("Qwen/Qwen2.5-7B", "NVIDIA H200", 1, 40000, 16, cfg).ttft_ms > 0
 
 
 @pytest.mark.parametrize("name", ["Qwen/Qwen3-32B-AWQ", "Qwen/Qwen3-1.7B-FP8",
