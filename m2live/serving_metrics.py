@@ -117,6 +117,9 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             # starts only where the cache holds that many tokens — model_context_fits)
             "max_model_len": model_len, "max_model_len_from": "given" if cfg.max_model_len else "the longest request",
             "model_context": ctx,
+            # a sliding window the model's config uses, which m2live prices as full attention (longer requests overpriced)
+            **({"sliding_window_not_priced": timer.pred.model.sliding_window}
+               if timer.pred.model.sliding_window and model_len > timer.pred.model.sliding_window else {}),
             "model_context_fits": None if ctx is None else bool(kv_tokens - bs >= ctx),
             "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",
             "gpu_memory_utilization": cfg.utilization, "cuda_graph_max_batch": graphs,

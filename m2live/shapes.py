@@ -75,6 +75,9 @@ class ModelShape:
     # benchmark dataset samples a prompt's length less these and the server adds them back. 1 for Llama, Mistral
     # and Gemma tokenizers; Qwen2 and Qwen3 tokenizers add none
     prompt_special_tokens: int = 1
+    # the attention window a config.json states and uses (Mistral 7B v0.1, Gemma 2's local layers, Phi-3): NOT priced
+    # — m2live prices full attention and a full-length KV cache, an overestimate past the window (simulate says so)
+    sliding_window: int | None = None
 
     # --- per-GPU (sharded) dimensions --------------------------------------------------------------
     @property
@@ -202,6 +205,7 @@ class ModelShape:
             qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2" or "Qwen2ForCausalLM" in archs,
             qk_norm=model_type in QK_NORM_MODEL_TYPES or "Qwen3ForCausalLM" in archs,
             max_context=context_length(cfg),
+            sliding_window=_used_window(cfg),
             prompt_special_tokens=0 if model_type in NO_BOS_MODEL_TYPES or any(
                 a in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") for a in archs) else 1,
         )
@@ -258,6 +262,16 @@ def context_length(cfg: dict) -> int | None:
             length *= factor
     # a length past anything servable (or not finite) limits nothing
     return int(length) if math.isfinite(length) and length < MAX_CONTEXT else None
+
+
+def _used_window(cfg: dict) -> int | None:
+    """The sliding window a config states and uses: ``sliding_window`` unless ``use_sliding_window`` is false (Qwen2
+    and Qwen3 state a window they do not use) or the window covers the whole context."""
+    w = cfg.get("sliding_window")
+    if isinstance(w, bool) or not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False:
+        return None
+    ctx = context_length(cfg)
+    return None if ctx is not None and w >= ctx else w
 
 
 # Presets (numbers from each model's published config.json on the Hugging Face hub; max_context its

@@ -1367,3 +1367,30 @@ def test_batch_num_prompts_column(tmp_path, capsys):
     rc, _ = _batch(tmp_path, f"{L8},h100-sxm,1,512,64,4,fp8,0\n", header=BATCH_HEADER + ",num_prompts")
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "in.csv:2: num_prompts" in err[0], err
+
+
+def test_a_sliding_window_the_model_uses_is_said_to_be_unpriced(tmp_path):
+    """A config that uses a sliding attention window (Mistral 7B v0.1: 4096) is priced as full attention with a
+    full-length cache: the simulation says so where a request is longer than the window (assumptions, the summary's
+    note, a batch file's note column), and not where every request fits it or the config does not use its window
+    (Qwen2's use_sliding_window false)."""
+    cfg = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": 4096}
+    d = tmp_path / "mistral-v01"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    sc = ServingConfig(concurrency=2, num_prompts=2)
+    assert simulate(str(d), "h100-sxm", 1, 6000, 8, sc).assumptions["sliding_window_not_priced"] == 4096
+    assert "sliding_window_not_priced" not in simulate(str(d), "h100-sxm", 1, 2000, 8, sc).assumptions
+    q = tmp_path / "qwen"
+    q.mkdir()
+    (q / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                                                "sliding_window": 4096, "use_sliding_window": False}))
+    assert "sliding_window_not_priced" not in simulate(str(q), "h100-sxm", 1, 6000, 8, sc).assumptions
+    batch = tmp_path / "b.csv"
+    batch.write_text(f"{BATCH_HEADER}\n{d},h100-sxm,1,6000,8,2,bf16\n{d},h100-sxm,1,2000,8,2,bf16\n")
+    out = tmp_path / "o.csv"
+    assert main(["simulate", "--batch", str(batch), "-o", str(out), "--jobs", "1"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert "sliding window of 4,096 tokens" in rows[0]["note"] and rows[1]["note"] == ""

@@ -92,6 +92,9 @@ BATCH_OPTIONAL = ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", 
 BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_GOODPUT = "request_goodput"  # the output column, only where a row or --goodput gives SLOs: good requests/s
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
+# a model whose config uses a sliding attention window (shapes.ModelShape.sliding_window), past it
+SLIDING_NOTE = ("the model attends over a sliding window of {:,} tokens, priced as full attention with a full-length "
+                "KV cache: longer requests come out slower, and fewer of them fit the cache, than vLLM runs them")
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
@@ -427,6 +430,8 @@ def print_result(r: ServingResult) -> None:
             + (f"gpu_memory_utilization {a['gpu_memory_utilization']:g}" if a.get("kv_cache_sized_by") == "memory"
                else "as given") + ")"
             + (f" — {m['note']}" if m.get("note") else ""))
+    if a.get("sliding_window_not_priced"):
+        c.print(f"note: {SLIDING_NOTE.format(a['sliding_window_not_priced'])}")
     c.print(f"assumed: --max-model-len {a['max_model_len']:,} ({a['max_model_len_from']}"
             + ("" if a.get("model_context") is None else
                f"; vLLM's default, the model's {a['model_context']:,}, "
@@ -534,8 +539,13 @@ def _row_outcome(fields_: tuple, cells: dict, flags: dict, precision: str | None
            "output_tokens_per_s": f"{r.output_tokens_per_s:.2f}"}
     if r.goodput:
         out[BATCH_GOODPUT] = f"{r.goodput['requests_per_s']:.4f}"
+    notes = []
     if "utilization_raised_from" in r.memory:  # the cache at vLLM's default share held no whole request
-        out[BATCH_NOTE] = r.memory["note"]
+        notes.append(r.memory["note"])
+    if r.assumptions.get("sliding_window_not_priced"):
+        notes.append(SLIDING_NOTE.format(r.assumptions["sliding_window_not_priced"]))
+    if notes:
+        out[BATCH_NOTE] = "; ".join(notes)
     return True, out
 
 
