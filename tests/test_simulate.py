@@ -1393,4 +1393,4 @@ def test_a_sliding_window_the_model_uses_is_said_to_be_unpriced(tmp_path):
     out = tmp_path / "o.csv"
     assert main(["simulate", "--batch", str(batch), "-o", str(out), "--jobs", "1"]) == 0
     rows = list(csv.DictReader(out.open()))
-    assert "sliding window of 4,096 tokens" in rows[0]["note"] and rows[1]["note"] == ""
+    assert "sliding attention window of 4,096 tokens" in rows[0]["note"] and rows[1]["note"] == ""

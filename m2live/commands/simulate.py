@@ -93,8 +93,9 @@ BATCH_OUT = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 BATCH_GOODPUT = "request_goodput"  # the output column, only where a row or --goodput gives SLOs: good requests/s
 BATCH_ERROR = "error"  # the output column, only when some row cannot run: why it cannot
 # a model whose config uses a sliding attention window (shapes.ModelShape.sliding_window), past it
-SLIDING_NOTE = ("the model attends over a sliding window of {:,} tokens, priced as full attention with a full-length "
-                "KV cache: longer requests come out slower, and fewer of them fit the cache, than vLLM runs them")
+SLIDING_NOTE = ("the model's config uses a sliding attention window of {:,} tokens (in some or all layers), priced "
+                "as full attention with a full-length KV cache: longer requests come out slower, and fewer of them "
+                "fit the cache, than vLLM runs them")
 BATCH_NOTE = "note"  # the output column, only when some row ran on an assumption beyond vLLM's defaults: which
 _PREDICTORS: dict[tuple, Predictor] = {}  # one per (model, GPU, TP, precision, graphs, calibration) in a batch
 
