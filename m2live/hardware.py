@@ -555,6 +555,18 @@ def _index() -> dict[str, GpuSpec]:
 
 
 _INDEX = _index()
+_CUSTOM: dict[str, GpuSpec] = {}
+# where a description of a GPU outside the catalog came from, weakest first (adopt decides between two by it)
+DESCRIPTION_ORIGINS = ("calibration", "file", "device")
+DESCRIPTION_ORIGINS_SAID = ("a calibration's copy", "another description", "the device's reading")
+_ORIGIN: dict[str, int] = {}  # name key -> the origin index of the description registered under it
+
+
+def _lookup(key: str) -> GpuSpec | None:
+    """The GPU a name key (``_gpu_key``) names: a description registered in this process, else the catalog's."""
+    return _CUSTOM.get(key) or _INDEX.get(key)
+
+
 # what spec sheets and cloud catalogues write after a GPU's name: its memory's size and technology, "B300 288GB
 # HBM3e". A name not found as written is looked up without them, and taken when they are that GPU's own: the
 # technology its memory's, the size its memory's in GB
@@ -570,20 +582,13 @@ def _by_memory_words(name: str) -> GpuSpec | None:
     size = _MEMORY_SIZE.fullmatch(words[-1]) if len(words) > 1 else None
     tries = ([(words, None)] if tech is not None else []) + ([(words[:-1], size)] if size else [])
     for rest, gb in tries:
-        found = _CUSTOM.get(_gpu_key(" ".join(rest))) or _INDEX.get(_gpu_key(" ".join(rest)))
+        found = _lookup(_gpu_key(" ".join(rest)))
         if found is None:
             continue
         if (tech is not None and norm_name(found.memory) != tech) or (gb and int(gb.group(1)) != round(found.mem_gb)):
             return None  # the GPU that name is, with another memory: no GPU
         return found
     return None
-
-
-_CUSTOM: dict[str, GpuSpec] = {}
-# where a description of a GPU outside the catalog came from, weakest first (adopt decides between two by it)
-DESCRIPTION_ORIGINS = ("calibration", "file", "device")
-DESCRIPTION_ORIGINS_SAID = ("a calibration's copy", "another description", "the device's reading")
-_ORIGIN: dict[str, int] = {}  # name key -> the origin index of the description registered under it
 
 
 def register(spec: GpuSpec) -> GpuSpec:
@@ -602,10 +607,7 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
         raise UnknownGpuError(f"GPU name must be a non-empty string, got {name!r}")
     if name.strip().lower().endswith(".json"):
         return load_spec_file(name.strip())
-    key = _gpu_key(name)
-    spec = _CUSTOM.get(key) or _INDEX.get(key)
-    if spec is None:
-        spec = _by_memory_words(name)
+    spec = _lookup(_gpu_key(name)) or _by_memory_words(name)
     if spec is not None:
         return spec
     close = close_matches(name)
@@ -775,7 +777,7 @@ def adopt(spec: GpuSpec, where: str, origin: str = "file") -> GpuSpec:
     rank = DESCRIPTION_ORIGINS.index(origin)
     for key in (spec.name, *spec.aliases, *spec.nvml_names):
         k = _gpu_key(key)
-        taken = _CUSTOM.get(k) or _INDEX.get(k)
+        taken = _lookup(k)
         if taken is None or taken == spec:
             continue
         if _INDEX.get(k) is taken:

@@ -93,7 +93,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
         "predictions": timer.predictions,
     }
     steps["bounds"] = bounds(timer, st)
-    ctx = timer.pred.model.max_context
+    ctx, window = timer.pred.model.max_context, timer.pred.model.sliding_window
     res = ServingResult(
         ttft_ms=1e3 * float(np.nanmean(ttft)), tpot_ms=1e3 * float(np.nanmean(tpot)) if multi.any() else 0.0,
         output_tokens_per_s=float(eng.out_len.sum()) / duration, requests=eng.n, duration_s=duration,
@@ -118,8 +118,7 @@ def summarize(eng: Engine, timer: StepTimer, cfg: ServingConfig, spec: GpuSpec, 
             "max_model_len": model_len, "max_model_len_from": "given" if cfg.max_model_len else "the longest request",
             "model_context": ctx,
             # a sliding window the model's config uses, which m2live prices as full attention (longer requests overpriced)
-            **({"sliding_window_not_priced": timer.pred.model.sliding_window}
-               if timer.pred.model.sliding_window and model_len > timer.pred.model.sliding_window else {}),
+            **({"sliding_window_not_priced": window} if window and model_len > window else {}),
             "model_context_fits": None if ctx is None else bool(kv_tokens - bs >= ctx),
             "kv_cache_sized_by": "memory" if cfg.kv_tokens is None and cfg.num_gpu_blocks is None else "given",
             "gpu_memory_utilization": cfg.utilization, "cuda_graph_max_batch": graphs,

@@ -344,10 +344,14 @@ def _instruct_shape(preset: str) -> ModelShape:
     return replace(PRESETS[preset], max_context=INSTRUCT_CONTEXT[preset])
 
 
+def _id_words(name: str) -> list[str]:
+    """The words of a model id's last part (after the last slash), lower case."""
+    return re.split(r"[-_\s]", name.split("/")[-1].lower())
+
+
 def _arch_key(name: str) -> str:
     """A model id reduced to its architecture: the part after the last slash, without CHECKPOINT_WORDS."""
-    words = re.split(r"[-_\s]", name.split("/")[-1].lower())
-    return norm_name("".join(w for w in words if w not in CHECKPOINT_WORDS))
+    return norm_name("".join(w for w in _id_words(name) if w not in CHECKPOINT_WORDS))
 
 
 def _arch_index() -> dict[str, ModelShape]:
@@ -373,11 +377,11 @@ def get_model(model: str | os.PathLike | ModelShape) -> ModelShape:
     s = str(model)
     if os.path.exists(s):
         return ModelShape.from_path(s)
-    shape = _ARCH_INDEX.get(_arch_key(s))
-    if shape is not None:
-        tuned = shape.name in INSTRUCT_CONTEXT and "instruct" in re.split(r"[-_\s]", s.split("/")[-1].lower())
-        return _instruct_shape(shape.name) if tuned else shape
     key = _arch_key(s)
+    shape = _ARCH_INDEX.get(key)
+    if shape is not None:
+        tuned = shape.name in INSTRUCT_CONTEXT and "instruct" in _id_words(s)
+        return _instruct_shape(shape.name) if tuned else shape
     close = sorted(PRESETS, key=lambda n: -difflib.SequenceMatcher(None, key, _arch_key(n)).ratio())[:3]
     raise ModelShapeError(
         f"unknown model {s!r}: not a file or directory, and not a preset or a checkpoint of one (closest: "
