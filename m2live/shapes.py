@@ -340,8 +340,8 @@ INSTRUCT_CONTEXT: dict[str, int] = {f"Qwen/Qwen2.5-{b}B": 32768 for b in ("7", "
 
 @functools.cache
 def _instruct_shape(preset: str) -> ModelShape:
-    """The preset's shape with its instruct tune's context (one object per preset, as a preset is one)."""
-    return replace(PRESETS[preset], max_context=INSTRUCT_CONTEXT[preset])
+    """The preset's shape with its instruct tune's context and name (one object per preset, as a preset is one)."""
+    return replace(PRESETS[preset], name=f"{preset}-Instruct", max_context=INSTRUCT_CONTEXT[preset])
 
 
 def _id_words(name: str) -> list[str]:
