@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -509,7 +510,15 @@ def test_plugin_predicts_with_its_gpus_calibration_and_says_which(cal_file, trut
 
 
 def test_plugin_refuses_another_gpus_calibration(cal_file, caplog):
-    mon = _monitor({"M2LIVE_GPU": "NVIDIA A100-SXM4-80GB", "M2LIVE_CALIBRATION": str(cal_file)})
+    # the monitor's own stderr handler stops the m2live logger propagating to the root logger, where caplog listens
+    # (pytest hooks a non-propagating logger only if it was so when the test began: alone, this test starts the
+    # first monitor of the process), so the warning is taken from that logger itself
+    m2log = logging.getLogger("m2live")
+    m2log.addHandler(caplog.handler)
+    try:
+        mon = _monitor({"M2LIVE_GPU": "NVIDIA A100-SXM4-80GB", "M2LIVE_CALIBRATION": str(cal_file)})
+    finally:
+        m2log.removeHandler(caplog.handler)
     try:
         assert mon.calibration == "none"
         assert mon.predictor.ops.c == constants_for(get_gpu("NVIDIA A100-SXM4-80GB"))
