@@ -7,7 +7,9 @@ B300 SXM6 AC → blackwell):
   attention group  t_attn, t_attn_over, eta_attn, k0_attn, eta_attn_mem, item_cost, block_cost, cta_bw, t_split,
                    t_merge, t_relayout, t_cache_cta, t_ramp_kv, l2_kv_bytes_per_clk, item_overlap, t_sched,
                    t_qrow on head_dim-128 attention rows (efficiency.FITTED_GROUPS); with --tiles NAME:8,16,32,64
-                   also a query-tile table's entries after its first (decode_item_tile_cost)
+                   also a query-tile table's entries after its first (decode_item_tile_cost); with
+                   --head-dims 64,128,... the attention rows of those head dims, and then also softmax_overlap
+                   where a family prices it (the head dims are what pin it)
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants), every row
 predicted exactly as `m2live validate` does (burst clock from the power model, L2 re-reads of the loop).
 Leave-one-architecture-out: the numbers fitted on one GPU predict each other GPU from its datasheet alone (that GPU
@@ -49,7 +51,10 @@ from m2live.validate import gemm_ms, in_core_region, measured, prefill_ms, read_
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper"),
         "b300_sxm": ("NVIDIA B300 SXM6 AC", "blackwell")}
-GROUPS = FITTED_GROUPS
+# the attention group here also fits the kernel's softmax overlap (softmax_overlap, where a family prices it: a
+# fit over several head dims, --head-dims, is what pins it); m2live calibrate leaves it at the family's value
+GROUPS = {**FITTED_GROUPS, "attention": (*FITTED_GROUPS["attention"], "softmax_overlap")}
+HEAD_DIMS: set[int] = {128}  # --head-dims: the attention rows' head dims the fit and the scores take
 BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
 GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096),
@@ -67,7 +72,8 @@ def load(folder: str, max_rows: int, seed: int = 0, root: Path = OPBENCH,
     for name in names:
         t = read_table(root / folder / name)
         for kind, row, ms in zip(t.kinds, t.rows, measured(t), strict=True):
-            if math.isnan(ms) or not in_core_region(kind, row):
+            if math.isnan(ms) or not (in_core_region(kind, row) if kind == "gemm"
+                                      else int(row["head_dim"]) in HEAD_DIMS):
                 continue
             if kind == "gemm":
                 out[kind].append((int(row["m"]), int(row["n"]), int(row["k"]), ms))
@@ -138,7 +144,8 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
     # a zero, or a constant only a kernel path this arch never takes prices (in_use), stays; grid constants are
     # chosen on their grid
     names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and in_use(base, n)
-                  and n not in GRID.get(group, {}) and (not ONLY or n in ONLY))
+                  and n not in GRID.get(group, {}) and (not ONLY or n in ONLY)
+                  and (n != "softmax_overlap" or len(HEAD_DIMS) > 1))  # one head dim cannot pin it
     # --tiles: a query-tile table's entries after its first (held at 1.0), from the table's values or, for a table
     # not yet set, from the main loop's (decode_tile_cost)
     tiles = [(t, rows) for t, all_rows in TILES.items() for rows in all_rows[1:]] if group == "attention" else []
@@ -177,7 +184,14 @@ def main() -> int:
                     "keep efficiency.py's constants; all are scored)")
     ap.add_argument("--tiles", default="", help="a query-tile table the attention fit moves, as NAME:8,16,32,64 "
                     "(its first tile held at 1.0; e.g. decode_item_tile_cost)")
+    ap.add_argument("--head-dims", default="128", help="comma-separated head dims of the attention rows fitted and "
+                    "scored (default 128, the region the targets are stated on; more pin softmax_overlap)")
     args = ap.parse_args()
+    try:
+        HEAD_DIMS.clear()
+        HEAD_DIMS.update(int(d) for d in args.head_dims.split(","))
+    except ValueError:
+        ap.error(f"--head-dims: comma-separated integers, got {args.head_dims!r}")
     ONLY.update(n for n in args.only.split(",") if n)
     if args.tiles:
         name, _, rows = args.tiles.partition(":")

@@ -392,11 +392,18 @@ class OpModel:
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave * duty)
         # every score is exponentiated on the SFUs while the tensor cores run the next tile: the two pipes
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
-        # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs)
+        # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs).
+        # Where the kernel's overlap is known (softmax_overlap: FA3), the score's whole softmax — its exponential and
+        # its FP32 ops — overlaps the MMAs at that exponent: per score it costs the same at every head_dim, the MMAs
+        # do not, so a small head_dim runs further from the tensor peak and a large one closer
         if self._exp_rate:
             scores = flops / (4.0 * head_dim)
             if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
                 tc += scores * self._softmax_cost(head_dim) / (f_clk * wave)
+            elif c.softmax_overlap:
+                q = c.softmax_overlap
+                t_soft = scores * self._softmax_cost(head_dim) / (f_clk * wave)
+                tc = (tc ** q + t_soft ** q) ** (1.0 / q)
             else:
                 t_exp = scores / (self._exp_rate * f_clk * wave)
                 tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
@@ -555,8 +562,9 @@ class OpModel:
 
     def _softmax_cost(self, head_dim: int) -> float:
         """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its
-        MMAs: one exponential on the SFUs, FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe. Cached
-        per head dim (a model has one: the step predictor's hot path looks it up)."""
+        MMAs: one exponential on the SFUs, FA2_SOFTMAX_FP32_OPS plus the output's rescale on the FP32 pipe (also
+        the softmax a ``softmax_overlap`` kernel overlaps with its MMAs). Cached per head dim (a model has one: the
+        step predictor's hot path looks it up)."""
         cost = self._softmax_costs.get(head_dim)
         if cost is None:
             fp32_ops = FA2_SOFTMAX_FP32_OPS + head_dim / fa2_key_block(head_dim)

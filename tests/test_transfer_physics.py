@@ -742,6 +742,43 @@ def test_fa2_softmax_runs_in_series_and_weighs_less_on_sms_with_more_fp32_lanes(
     assert share[L40S] > share["NVIDIA A100-SXM4-80GB"]
 
 
+
+def test_fa3_overlaps_a_softmax_that_costs_the_same_at_every_head_dim():
+    """FlashAttention-3 (Hopper) overlaps each score's softmax — its exponential and FP32 ops, the same per score
+    at every head_dim — with MMAs whose work per score grows with head_dim (softmax_overlap, a kernel fact of FA3
+    read off the H100 table's head dims): a long causal prompt computes further from the tensor peak at head_dim 64
+    than at 128, and closer at 256; a slower FP32 pipe never speeds it up; an overlap closer to in series never
+    either. The H100 table's rows at head dims outside the scored region stay near the fit (14.7 / 14.2 % at 64 /
+    256 before it, ~10-11 % after)."""
+    from conftest import OPBENCH
+
+    from m2live.validate import RowPredictor, measured, read_table
+
+    assert ARCH["hopper"].softmax_overlap > 0
+    assert ARCH["ampere"].softmax_overlap == ARCH["blackwell"].softmax_overlap == 0  # their own softmax pricing
+    assert constants_for(get_gpu(H200)).softmax_overlap == ARCH["hopper"].softmax_overlap  # FA3 on an H200 too
+    om = OpModel(H100)
+    n = 16384
+    share = {}
+    for d in (64, 128, 256):
+        t = om.prefill_attention([(n, 0)], 2048 // d, 2048 // d, d).t_compute
+        share[d] = 4 * 2048 * n * (n + 1) / 2 / t / om.attn_peak
+    assert share[64] < share[128] < share[256] <= 1.0
+    slower = OpModel(H100)
+    slower._fp32_rate /= 2
+    serial = OpModel(H100, constants=replace(om.c, softmax_overlap=1.0))
+    for seqs, d in (([(512, 0)] * 8, 64), ([(4096, 0)] * 2, 128), ([(2048, 1024)], 256)):
+        t = om.prefill_attention(seqs, 32, 8, d).t
+        assert slower.prefill_attention(seqs, 32, 8, d).t >= t
+        assert serial.prefill_attention(seqs, 32, 8, d).t >= t
+    table = read_table(OPBENCH / "h100_sxm" / "prefill_attention_bf16.csv")
+    rp = RowPredictor()
+    for d, floor in ((64, 12.0), (256, 12.5)):
+        errs = [abs(rp.predict_row(kind, row, i, table.path) / ms - 1.0) for i, (kind, row, ms)
+                in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2)
+                if int(row["head_dim"]) == d and not math.isnan(ms)]
+        assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, d
+
 # vLLM's communicator benchmarks (kernels/benchmark_device_communicators.py; the fastest all-reduce it has per
 # size, us): H100 TP 4 from PR #24532, TP 6 from #24111, TP 8 (SM 9.0 table) from #42324; B300 from #37756
 PUBLIC_ALLREDUCE_US = [
