@@ -8,8 +8,8 @@ B300 SXM6 AC → blackwell):
                    t_merge, t_relayout, t_cache_cta, t_ramp_kv, l2_kv_bytes_per_clk, item_overlap, t_sched,
                    t_qrow on head_dim-128 attention rows (efficiency.FITTED_GROUPS); with --tiles NAME:8,16,32,64
                    also a query-tile table's entries after its first (decode_item_tile_cost); with
-                   --head-dims 64,128,... the attention rows of those head dims, and then also softmax_overlap
-                   where a family prices it (the head dims are what pin it)
+                   --head-dims 64,128,... the attention rows (prefill and decode) of those head dims, fitted and
+                   scored, and then also softmax_overlap where a family prices it (the head dims pin it)
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants), every row
 predicted exactly as `m2live validate` does (burst clock from the power model, L2 re-reads of the loop).
 Leave-one-architecture-out: the numbers fitted on one GPU predict each other GPU from its datasheet alone (that GPU
@@ -143,9 +143,10 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
              maxiter: int, dtype: str = "bf16") -> ArchConstants:
     # a zero, or a constant only a kernel path this arch never takes prices (in_use), stays; grid constants are
     # chosen on their grid
+    head_dims = {r[4] for k in kinds if k != "gemm" for r in data[k]}
     names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and in_use(base, n)
                   and n not in GRID.get(group, {}) and (not ONLY or n in ONLY)
-                  and (n != "softmax_overlap" or len(HEAD_DIMS) > 1))  # one head dim cannot pin it
+                  and (n != "softmax_overlap" or len(head_dims) > 1))  # rows of one head dim cannot pin it
     # --tiles: a query-tile table's entries after its first (held at 1.0), from the table's values or, for a table
     # not yet set, from the main loop's (decode_tile_cost)
     tiles = [(t, rows) for t, all_rows in TILES.items() for rows in all_rows[1:]] if group == "attention" else []
@@ -218,7 +219,8 @@ def main() -> int:
     kinds = ("gemm", "prefill_attention", "decode_attention")
     report = {"fitted": {a: {**{n: getattr(c, n) for g in GROUPS.values() for n in g},
                              **{t: getattr(c, t) for t in TILES}} for a, c in fitted.items()},
-              "in_sample": {}, "leave_one_gpu_out": {}, "seconds": None}
+              "in_sample": {}, "leave_one_gpu_out": {}, "seconds": None,
+              "attention_head_dims": sorted(HEAD_DIMS)}  # the attention rows fitted and scored (128: the region)
     for folder, (gpu, arch) in GPUS.items():  # leave-one-architecture-out: every other family's numbers
         report["in_sample"][gpu] = mape(gpu, fitted[arch], full[folder], kinds)
         report["leave_one_gpu_out"][gpu] = {

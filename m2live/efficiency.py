@@ -179,9 +179,10 @@ class ArchConstants:
     # How a kernel that overlaps its softmax with its MMAs (not softmax_serial) hides it: > 0, the whole softmax of
     # a score (its exponential on the SFUs and its FP32 ops, operators.FA2_SOFTMAX_FP32_OPS plus the output's
     # rescale, as OpModel._softmax_cost prices FA2's) is added to the tensor time as (t_tc^p + t_soft^p)^(1/p) with
-    # p this exponent (1: in series, large: wholly hidden); 0, the exponential alone at operators.SFU_OVERLAP. A
-    # fact of the kernel's pipelining, read off a table's head dims (the softmax per score is the same whatever the
-    # head_dim, the MMAs are not), so it stays with its kernel family in a leave-one-out check and a calibration
+    # p this exponent (1: in series, large: wholly hidden), in prefill and decode; 0, the exponential alone at
+    # operators.SFU_OVERLAP in prefill. A fact of the kernel's pipelining, read off a table's head dims (per score
+    # the softmax grows little with head_dim — only its output rescale does, head_dim / key block FMULs — and the
+    # MMAs in proportion), so it stays with its kernel family in a leave-one-out check and a calibration
     softmax_overlap: float = 0.0
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
@@ -404,15 +405,19 @@ ARCH: dict[str, ArchConstants] = {
         # 1.0 / 1.05 / 1.17 / 1.38, the KV stream slowed alike) 4.30 % with three constants to this one's
         # FA3 overlaps each score's softmax (exponential and FP32 ops, OpModel._softmax_cost) with the MMAs at
         # softmax_overlap = 1.255 — close to in series: its two ping-ponging warpgroups hide little of it. Fitted
-        # (2026-12-07) with eta_attn and k0_attn on opbench h100_sxm's prefill rows of head_dim 64 / 128 / 192 /
+        # (2026-12-07) with eta_attn and k0_attn on opbench h100_sxm's attention rows of head_dim 64 / 128 / 192 /
         # 256 (bench/fit_constants.py --gpus h100_sxm --groups attention --only eta_attn,k0_attn,softmax_overlap
-        # --head-dims 64,128,192,256 --max-rows 5000 --maxiter 200): the softmax per score is the same at every head
-        # dim and the MMAs are not, so the head dims pin the overlap, and the MMAs come out at the tensor peak
+        # --head-dims 64,128,192,256 --max-rows 5000 --maxiter 200; the prefill rows pin them, the decode rows'
+        # compute never binds): per score the softmax grows little with head_dim (0.084 / 0.090 / 0.113 SM clocks
+        # at 64 / 128 / 256) and the MMAs in proportion, so the head dims pin the overlap, and the MMAs come out at
+        # the tensor peak
         # (eta_attn 0.719 -> 1.0, at its bound; k0_attn 434 -> 617): the kernel's distance from the peak is its
         # softmax and its fixed costs (a 16k-token causal prompt computes at 0.44 / 0.60 / 0.73 of the peak at
         # head_dim 64 / 128 / 256; FA3's published forward benchmarks rank the head dims alike). MAPE at head_dim 64 /
-        # 192 / 256, every prefill row, 14.7 / 12.1 / 14.2 -> 10.3 / 11.0 / 11.3 %; head_dim 128 unchanged
-        # (results/constants.json hopper_softmax_overlap)
+        # 192 / 256, every prefill row, 14.7 / 12.1 / 14.2 -> 10.3 / 11.0 / 11.3 %, head_dim 128 (the region)
+        # 4.71 -> 4.66 %, head_dim 512 40.1 -> 42.8 % (results/constants.json hopper_softmax_overlap). On an H20
+        # (the same kernel, a seventh of the tensor rate, the same SFU and FP32 rates an SM) the softmax hides under
+        # the slow MMAs: a 16k-token head_dim-128 prefill computes at 0.85 of its peak (0.67 before; 21 % less time)
         softmax_overlap=1.25508,
         t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=1.0, k0_attn=616.864, eta_attn_mem=0.999845,
         item_cost=3.2558e-06, block_cost=2.76566e-06, cta_bw=4.84886e+10, t_split=2.596e-06,

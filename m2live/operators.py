@@ -394,8 +394,8 @@ class OpModel:
         # overlap, imperfectly (SFU_OVERLAP), and the exponentials bind where the tensor cores retire as many
         # query-key pairs per clock as the SFUs retire exponentials (B200 at head_dim 128; B300 has twice the SFUs).
         # Where the kernel's overlap is known (softmax_overlap: FA3), the score's whole softmax — its exponential and
-        # its FP32 ops — overlaps the MMAs at that exponent: per score it costs the same at every head_dim, the MMAs
-        # do not, so a small head_dim runs further from the tensor peak and a large one closer
+        # its FP32 ops — overlaps the MMAs at that exponent: per score it grows little with head_dim, the MMAs in
+        # proportion, so a small head_dim runs further from the tensor peak and a large one closer
         if self._exp_rate:
             scores = flops / (4.0 * head_dim)
             if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
@@ -519,6 +519,10 @@ class OpModel:
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave)
         if c.softmax_serial and self._exp_rate:  # FA2's softmax, in series with its MMAs (as in prefill)
             tc += flops / (4.0 * head_dim) * self._softmax_cost(head_dim) / (f_clk * wave)
+        elif c.softmax_overlap and self._exp_rate:  # FA3's, overlapped with them (as in prefill)
+            q = c.softmax_overlap
+            t_soft = flops / (4.0 * head_dim) * self._softmax_cost(head_dim) / (f_clk * wave)
+            tc = (tc ** q + t_soft ** q) ** (1.0 / q)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             # FA2's grouped-query layout (seqlenq_ngroups_swapped) copies q before the kernel and the output and q
             # back after it, batch x heads x head_dim elements each, read and written (views only with one

@@ -743,13 +743,13 @@ def test_fa2_softmax_runs_in_series_and_weighs_less_on_sms_with_more_fp32_lanes(
 
 
 
-def test_fa3_overlaps_a_softmax_that_costs_the_same_at_every_head_dim():
-    """FlashAttention-3 (Hopper) overlaps each score's softmax — its exponential and FP32 ops, the same per score
-    at every head_dim — with MMAs whose work per score grows with head_dim (softmax_overlap, a kernel fact of FA3
-    read off the H100 table's head dims): a long causal prompt computes further from the tensor peak at head_dim 64
-    than at 128, and closer at 256; a slower FP32 pipe never speeds it up; an overlap closer to in series never
-    either. The H100 table's rows at head dims outside the scored region stay near the fit (14.7 / 14.2 % at 64 /
-    256 before it, ~10-11 % after)."""
+def test_fa3_overlaps_a_softmax_that_grows_little_with_head_dim():
+    """FlashAttention-3 (Hopper) overlaps each score's softmax — its exponential and FP32 ops, which grow little
+    with head_dim — with MMAs whose work per score grows in proportion (softmax_overlap, a kernel fact of FA3 read
+    off the H100 table's head dims): a long causal prompt computes further from the tensor peak at head_dim 64
+    than at 128, and closer at 256; a slower FP32 pipe slows it; an overlap closer to in series never speeds it.
+    The H100 table's rows at head dims outside the scored region stay near the fit (14.7 / 14.2 % at 64 / 256
+    before it, ~10-11 % after)."""
     from conftest import OPBENCH
 
     from m2live.validate import RowPredictor, measured, read_table
@@ -769,8 +769,11 @@ def test_fa3_overlaps_a_softmax_that_costs_the_same_at_every_head_dim():
     serial = OpModel(H100, constants=replace(om.c, softmax_overlap=1.0))
     for seqs, d in (([(512, 0)] * 8, 64), ([(4096, 0)] * 2, 128), ([(2048, 1024)], 256)):
         t = om.prefill_attention(seqs, 32, 8, d).t
-        assert slower.prefill_attention(seqs, 32, 8, d).t >= t
+        assert slower.prefill_attention(seqs, 32, 8, d).t > t
         assert serial.prefill_attention(seqs, 32, 8, d).t >= t
+    # the decode kernel's compute branch overlaps the same softmax (its KV stream binds, not this)
+    assert slower.decode_attention(64 * 4096, 64, 32, 8, 128).t_compute > om.decode_attention(64 * 4096, 64, 32, 8,
+                                                                                                 128).t_compute
     table = read_table(OPBENCH / "h100_sxm" / "prefill_attention_bf16.csv")
     rp = RowPredictor()
     for d, floor in ((64, 12.0), (256, 12.5)):
