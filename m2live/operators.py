@@ -396,17 +396,7 @@ class OpModel:
         # Where the kernel's overlap is known (softmax_overlap: FA3), the score's whole softmax — its exponential and
         # its FP32 ops — overlaps the MMAs at that exponent: per score it grows little with head_dim, the MMAs in
         # proportion, so a small head_dim runs further from the tensor peak and a large one closer
-        if self._exp_rate:
-            scores = flops / (4.0 * head_dim)
-            if c.softmax_serial:  # FA2: each tile's softmax runs between its MMAs, in the same warps (in series)
-                tc += scores * self._softmax_cost(head_dim) / (f_clk * wave)
-            elif c.softmax_overlap:
-                q = c.softmax_overlap
-                t_soft = scores * self._softmax_cost(head_dim) / (f_clk * wave)
-                tc = (tc ** q + t_soft ** q) ** (1.0 / q)
-            else:
-                t_exp = scores / (self._exp_rate * f_clk * wave)
-                tc = (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
+        tc = self._with_softmax(tc, flops / (4.0 * head_dim), head_dim, f_clk, wave, exp_alone=True)
         if lone:  # what the lone tiles' softmax in series adds to the grid's makespan, at the tensor rate
             longer = self._prefill_span(*grid, work + heads * lone, max(u_max, u_lone), True) - span
             tc += max(0.0, longer) * 4.0 * head_dim * self._sms / (self.attn_peak * f_clk * c.eta_attn)
@@ -517,12 +507,9 @@ class OpModel:
         # a grid smaller than the SMs computes on as many SMs as it has CTAs
         wave = attention_wave(ctas, sms)
         tc = flops / (self.attn_peak * f_clk * c.eta_attn * wave)
-        if c.softmax_serial and self._exp_rate:  # FA2's softmax, in series with its MMAs (as in prefill)
-            tc += flops / (4.0 * head_dim) * self._softmax_cost(head_dim) / (f_clk * wave)
-        elif c.softmax_overlap and self._exp_rate:  # FA3's, overlapped with them (as in prefill)
-            q = c.softmax_overlap
-            t_soft = flops / (4.0 * head_dim) * self._softmax_cost(head_dim) / (f_clk * wave)
-            tc = (tc ** q + t_soft ** q) ** (1.0 / q)
+        # the softmax as in prefill, where the kernel's is known (FA2's in series, FA3's overlapped); the
+        # exponentials alone are not priced here (a decode's MMAs are far from binding)
+        tc = self._with_softmax(tc, flops / (4.0 * head_dim), head_dim, f_clk, wave, exp_alone=False)
         if c.split_needs_gqa and grouped and n_seqs > 1 and kv_heads > 1:
             # FA2's grouped-query layout (seqlenq_ngroups_swapped) copies q before the kernel and the output and q
             # back after it, batch x heads x head_dim elements each, read and written (views only with one
@@ -563,6 +550,26 @@ class OpModel:
         rows, partner = (last, 0) if tiles % 2 else (pad, last)  # the tile that waits, and its partner's rows
         serial = min(1.0, self._softmax_cost(head_dim) * self.attn_peak * self.c.eta_attn / (4.0 * head_dim))
         return max(0.0, serial * rows - partner) * (ctx + new)
+
+    def _with_softmax(self, tc: float, scores: float, head_dim: int, f_clk: float, wave: float,
+                      exp_alone: bool) -> float:
+        """An attention kernel's compute time: its MMAs' ``tc`` over ``scores`` query-key scores, with the scores'
+        softmax (``_softmax_cost``) in series where the kernel runs it between its MMAs (``softmax_serial``: FA2),
+        overlapped at ``softmax_overlap`` where that is known (FA3), else — ``exp_alone`` — the exponentials alone
+        at SFU_OVERLAP (the SFUs run them while the tensor cores run the next tile); ``tc`` on the CPU device."""
+        if not self._exp_rate:
+            return tc
+        c = self.c
+        if c.softmax_serial:
+            return tc + scores * self._softmax_cost(head_dim) / (f_clk * wave)
+        if c.softmax_overlap:
+            q = c.softmax_overlap
+            t_soft = scores * self._softmax_cost(head_dim) / (f_clk * wave)
+            return (tc ** q + t_soft ** q) ** (1.0 / q)
+        if exp_alone:
+            t_exp = scores / (self._exp_rate * f_clk * wave)
+            return (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
+        return tc
 
     def _softmax_cost(self, head_dim: int) -> float:
         """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its
