@@ -9,7 +9,8 @@ B300 SXM6 AC → blackwell):
                    t_qrow on head_dim-128 attention rows (efficiency.FITTED_GROUPS); with --tiles NAME:8,16,32,64
                    also a query-tile table's entries after its first (decode_item_tile_cost); with
                    --head-dims 64,128,... the attention rows (prefill and decode) of those head dims, fitted and
-                   scored, and then also softmax_overlap where a family prices it (the head dims pin it)
+                   scored, and then also softmax_overlap and k0_attn_fixed where a family prices them (the head
+                   dims pin them)
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants), every row
 predicted exactly as `m2live validate` does (burst clock from the power model, L2 re-reads of the loop).
 Leave-one-architecture-out: the numbers fitted on one GPU predict each other GPU from its datasheet alone (that GPU
@@ -51,11 +52,13 @@ from m2live.validate import gemm_ms, in_core_region, measured, prefill_ms, read_
 OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "opbench"
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper"),
         "b300_sxm": ("NVIDIA B300 SXM6 AC", "blackwell")}
-# the attention group here also fits the kernel's softmax overlap (softmax_overlap, where a family prices it: a
-# fit over several head dims, --head-dims, is what pins it); m2live calibrate leaves it at the family's value
-GROUPS = {**FITTED_GROUPS, "attention": (*FITTED_GROUPS["attention"], "softmax_overlap")}
+# the attention group here also fits what only several head dims pin (--head-dims): the kernel's softmax overlap
+# (softmax_overlap, where a family prices it) and its prologue's fixed share (k0_attn_fixed, where it is not 0);
+# m2live calibrate, on head_dim-128 rows, leaves them at the family's values
+HEAD_DIM_CONSTANTS = ("softmax_overlap", "k0_attn_fixed")
+GROUPS = {**FITTED_GROUPS, "attention": (*FITTED_GROUPS["attention"], *HEAD_DIM_CONSTANTS)}
 HEAD_DIMS: set[int] = {128}  # --head-dims: the attention rows' head dims the fit and the scores take
-BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem"}  # ratios kept in (0, 1]
+BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem", "k0_attn_fixed"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
 GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096),
                  "k_balance": (768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144)},
@@ -146,7 +149,7 @@ def _simplex(gpu: str, base: ArchConstants, group: str, kinds: tuple[str, ...], 
     head_dims = {r[4] for k in kinds if k != "gemm" for r in data[k]}
     names = tuple(n for n in GROUPS[group] if getattr(base, n) != 0 and in_use(base, n)
                   and n not in GRID.get(group, {}) and (not ONLY or n in ONLY)
-                  and (n != "softmax_overlap" or len(head_dims) > 1))  # rows of one head dim cannot pin it
+                  and (n not in HEAD_DIM_CONSTANTS or len(head_dims) > 1))  # rows of one head dim cannot pin them
     # --tiles: a query-tile table's entries after its first (held at 1.0), from the table's values or, for a table
     # not yet set, from the main loop's (decode_tile_cost)
     tiles = [(t, rows) for t, all_rows in TILES.items() for rows in all_rows[1:]] if group == "attention" else []

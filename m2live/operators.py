@@ -69,6 +69,9 @@ FA3_SCHEDULER_SEQS_PER_ROUND = 31
 # 192/128 head dims) from doubling the SFUs alone; the model gives 1.39 at p = 2 (1.38 at 2.4, 1.17 with a hard
 # max). Not fitted: the calibration GPUs' exponential load is 0.15-0.4 of their tensor time, too little to pin p.
 SFU_OVERLAP = 2.0
+# The head dim at which ArchConstants.k0_attn states an attention kernel's per-row prologue/epilogue (the calibration
+# region's, where every table has its rows)
+ATTN_K0_HEAD_DIM = 128
 # FlashAttention-2's softmax, per score, on the FP32 pipe (read off flash_fwd_kernel.h / softmax.h): one FFMA
 # (scale and subtract the row max), one FADD (row sum), half a bf16 pack (two P values per F2FP), plus the
 # output's rescale, head_dim FMULs per row per key block (fa2_key_block) — and one MUFU.EX2 on the SFUs. FA2 runs
@@ -335,7 +338,10 @@ class OpModel:
         pad = c.attn_row_pad
         rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
         u_max = 0.0  # the longest query tile (one CTA's work) in key positions x rows
-        k0 = c.k0_attn
+        # the per-row prologue/epilogue's fixed share (k0_attn_fixed) costs the same at every head_dim; the rest
+        # (loading the query tile, normalising and storing the output) grows with it: k0_attn is its size at
+        # ATTN_K0_HEAD_DIM in key positions, which cost head_dim / ATTN_K0_HEAD_DIM times as much as there
+        k0 = c.k0_attn * (1.0 + c.k0_attn_fixed * (ATTN_K0_HEAD_DIM / head_dim - 1.0))
         k0_full = k0 * (-(-bm // pad) * pad if pad else bm)  # a full tile's prologue/epilogue
         group = heads // kv_heads
         packed = 0  # query tiles with a KV head's query heads packed as rows (prefill_pack_gqa)
