@@ -9,8 +9,8 @@ B300 SXM6 AC → blackwell):
                    t_qrow on head_dim-128 attention rows (efficiency.FITTED_GROUPS); with --tiles NAME:8,16,32,64
                    also a query-tile table's entries after its first (decode_item_tile_cost); with
                    --head-dims 64,128,... the attention rows (prefill and decode) of those head dims, fitted and
-                   scored, and then also softmax_overlap and k0_attn_fixed where a family prices them (the head
-                   dims pin them)
+                   scored, and then also softmax_overlap, k0_attn_fixed and item_cost_fixed where a family prices
+                   them (the head dims pin them)
 minimising the mean absolute percentage error (Nelder-Mead in log space, from the current constants), every row
 predicted exactly as `m2live validate` does (burst clock from the power model, L2 re-reads of the loop).
 Leave-one-architecture-out: the numbers fitted on one GPU predict each other GPU from its datasheet alone (that GPU
@@ -53,12 +53,13 @@ OPBENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "o
 GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H100 80GB HBM3", "hopper"),
         "b300_sxm": ("NVIDIA B300 SXM6 AC", "blackwell")}
 # the attention group here also fits what only several head dims pin (--head-dims): the kernel's softmax overlap
-# (softmax_overlap, where a family prices it) and its prologue's fixed share (k0_attn_fixed, where it is not 0);
+# (softmax_overlap, where a family prices it) and the fixed shares of its prefill prologue and decode item's work
+# (k0_attn_fixed, item_cost_fixed; a family at 0 is not moved: seed it first);
 # m2live calibrate, on head_dim-128 rows, leaves them at the family's values
-HEAD_DIM_CONSTANTS = ("softmax_overlap", "k0_attn_fixed")
+HEAD_DIM_CONSTANTS = ("softmax_overlap", "k0_attn_fixed", "item_cost_fixed")
 GROUPS = {**FITTED_GROUPS, "attention": (*FITTED_GROUPS["attention"], *HEAD_DIM_CONSTANTS)}
 HEAD_DIMS: set[int] = {128}  # --head-dims: the attention rows' head dims the fit and the scores take
-BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem", "k0_attn_fixed"}  # ratios kept in (0, 1]
+BOUNDED = {"eta_tc", "eta_mem", "eta_attn", "eta_attn_mem", "k0_attn_fixed", "item_cost_fixed"}  # ratios kept in (0, 1]
 # Piecewise-constant in the loss (a kernel heuristic's threshold): chosen on a grid before the simplex search.
 GRID = {"gemm": {"k_split": (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096),
                  "k_balance": (768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144)},

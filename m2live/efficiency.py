@@ -90,9 +90,9 @@ class ArchConstants:
     t_attn: float  # floor of one attention call (s): no call is faster (launches, metadata, KV write)
     t_attn_over: float  # fixed part of an attention call that does not overlap its body (s)
     eta_attn: float  # tensor-core ceiling of the fused attention kernel
-    k0_attn: float  # per-CTA prologue/epilogue in key positions (eta_duty of attention)
+    k0_attn: float  # per-CTA prologue/epilogue a query row, in key positions at head_dim 128 (eta_duty of attention)
     eta_attn_mem: float  # KV streaming efficiency of decode attention
-    item_cost: float  # SM-time of one decode work item (one sequence x KV head): block table, softmax, write
+    item_cost: float  # SM-time of one decode work item (one sequence x KV head) at head_dim 128: block table, softmax, write
     block_cost: float  # SM-time of one prefill work item (sequence x KV head x query block): setup, epilogue
     cta_bw: float  # bytes/s a single decode CTA can stream (outstanding loads / latency)
     k_split: float = 512.0  # shortest K slice the library's split-K kernels hand one CTA (split <= K / k_split)
@@ -184,11 +184,15 @@ class ArchConstants:
     # the softmax grows little with head_dim — only its output rescale does, head_dim / key block FMULs — and the
     # MMAs in proportion), so it stays with its kernel family in a leave-one-out check and a calibration
     softmax_overlap: float = 0.0
-    # Share of the attention prologue/epilogue (k0_attn, stated at operators.ATTN_K0_HEAD_DIM) that does not grow with
-    # head_dim: the pipeline's first loads and barriers, the tile scheduler, against the query tile's load and the
-    # output's normalisation and store, which do. Read off a table's head dims (short prompts, where the prologue
-    # is most of the time) with eta_attn, k0_attn and softmax_overlap; 0: all of it grows with head_dim
+    # Share of the attention prefill kernel's per-row prologue/epilogue (k0_attn, stated at operators.ATTN_K0_HEAD_DIM)
+    # that costs the same at every head_dim: the pipeline's first loads and barriers, the tile scheduler — against
+    # the query tile's load and the output's normalisation and store, which grow with it. Fitted alone on a
+    # table's head dims (short prompts, where the prologue is most of the time); 0: all of it in proportion to
+    # head_dim, as the MMAs
     k0_attn_fixed: float = 0.0
+    # ...and of the decode kernel's fixed work an item (item_cost, stated at operators.ATTN_K0_HEAD_DIM): 1, all of
+    # it the same at every head_dim; the rest (the query's load, the output's normalisation and store) grows with it
+    item_cost_fixed: float = 1.0
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
     prefill_pack_gqa: bool = False
@@ -345,11 +349,6 @@ ARCH: dict[str, ArchConstants] = {
         combine_rows=4,  # FA2's combine kernel: 4 query rows per CTA at head_dim 128
         attn_row_pad=64,  # FlashAttention-2 prefill: one head per CTA, query rows in blocks of 64 (FA3 packs)
         softmax_serial=True,  # FA2's softmax between its tile's two MMAs, in the same warps
-        # the prologue's fixed share (k0_attn_fixed): the A100 table has head_dim-128 rows only, which cannot pin
-        # it (k0_attn is stated there); it takes the H100's (FA3 keeps FA2's per-tile prologue and epilogue: load
-        # the query tile, normalise and store the output), a share both families measured show (H100 0.53, B300
-        # 0.78) where none at all (0, the whole prologue in proportion to head_dim) would be read off neither
-        k0_attn_fixed=0.525826,
         attn_mixed_one_call=True,  # vLLM's FLASH_ATTN backend: one flash_attn_varlen_func call for the whole batch
         # vLLM's prefill reads a paged KV cache, and FA2's varlen API sends paged-KV calls to its split-KV kernel,
         # whose query block is 64 rows at every head dim (run_mha_fwd_splitkv_dispatch: kBlockM = 64, kBlockN =
@@ -431,12 +430,14 @@ ARCH: dict[str, ArchConstants] = {
         softmax_overlap=1.25508,
         # The prologue/epilogue is about half fixed: prompts under 1 K tokens cost the H100 less at head_dim 256,
         # and more at 64, than in proportion (against head_dim 128: 1.25 x and 0.88 x measured, 1.40 x and 0.79 x
-        # priced in proportion). k0_attn_fixed fitted alone (2026-12-07, bench/fit_constants.py --gpus
-        # h100_sxm --groups attention --only k0_attn_fixed --head-dims 64,128,192,256 --max-rows 6000; the rows of
-        # head_dim 128 do not move): H100 prefill at head_dim 64 / 192 / 256 10.32 / 11.03 / 11.29 -> 7.25 / 7.44 /
-        # 6.70 %. Fitted with eta_attn, k0_attn and softmax_overlap it did no better (6.96 / 6.55 / 6.53 %, head_dim
-        # 128 4.66 -> 4.74 %)
-        k0_attn_fixed=0.525826,
+        # priced in proportion). So is a decode item's fixed work, priced the same at every head_dim until now:
+        # decodes over <= 128 keys ran 12-19 % slow at head_dim 64, 4-18 % fast at 256. Each fitted alone
+        # (2026-12-07, bench/fit_constants.py --gpus h100_sxm --groups attention --only k0_attn_fixed, then
+        # --only item_cost_fixed, --head-dims 64,128,192,256 --max-rows 6000; the rows of head_dim 128 do not move):
+        # H100 prefill at head_dim 64 / 192 / 256 10.32 / 11.03 / 11.29 -> 6.89 / 7.39 / 6.65 %, decode 10.48 /
+        # 7.92 / 7.74 -> 7.92 / 6.72 / 5.91 %. The prologue's share fitted with eta_attn, k0_attn and
+        # softmax_overlap did no better (prefill 6.96 / 6.55 / 6.53 %, head_dim 128 4.66 -> 4.74 %)
+        k0_attn_fixed=0.525826, item_cost_fixed=0.552985,
         t_attn=1.18773e-05, t_attn_over=9.52149e-06, eta_attn=1.0, k0_attn=616.864, eta_attn_mem=0.999845,
         item_cost=3.2558e-06, block_cost=2.76566e-06, cta_bw=4.84886e+10, t_split=2.596e-06,
         t_cache_cta=2.35962e-06, t_ramp_kv=1.291e-06, item_overlap=1.51632, t_sched=4.62669e-07, t_qrow=2.55153e-08,
@@ -541,20 +542,30 @@ ARCH: dict[str, ArchConstants] = {
         # (a scanned rate did no better): B300 prefill 5.39 -> 5.08 % (docs/accuracy.md)
         prefill_mha_kv_serial=True,
         # ...and most of its per-tile prologue/epilogue costs the same at every head_dim: short prompts of head_dim
-        # 256 ran 10-30 % slower priced in proportion, of 64 10-15 % faster. k0_attn_fixed fitted alone (2026-12-07,
-        # bench/fit_constants.py --gpus b300_sxm --groups attention --only k0_attn_fixed --head-dims 64,128,256
-        # --max-rows 6000): B300 prefill at head_dim 64 / 256 19.52 / 21.74 -> 11.61 / 11.75 %, head_dim 128
-        # unchanged. What stays at 64 is the long prompts' compute (-16 / -22 % at 1-4 K / 4-16 K tokens): their
-        # softmax binds there, and the exponentials alone (SFU_OVERLAP) do not reach it. Tried and not taken: the
-        # whole softmax overlapped at a fitted p (1.88, with 3.4 FP32 ops a score fitted and the output's rescale in
-        # warps of its own, as the Blackwell kernels' correction warpgroup does): head_dim 64 5.6 %, 256 11.6 %, but
-        # 128 4.77 -> 5.51 % with eta_attn at its bound — the region that carries to a B200
-        k0_attn_fixed=0.777994,
+        # 256 ran 10-30 % slower priced in proportion, of 64 10-15 % faster; a decode item's fixed work, priced
+        # the same at every head_dim, is about half fixed (decodes over <= 128 keys of 512-4096 sequences ran
+        # 11-21 % slow at 64, 18-36 % fast at 256). Each fitted alone (2026-12-07, bench/fit_constants.py --gpus
+        # b300_sxm --groups attention --only k0_attn_fixed, then --only item_cost_fixed, --head-dims 64,128,256
+        # --max-rows 6000): B300 prefill at head_dim 64 / 256 19.52 / 21.74 -> 11.50 / 11.59 %, decode 6.36 / 9.41
+        # -> 3.77 / 6.63 %, head_dim 128 unchanged. What stays at 64 is the long prompts' compute (-16 / -22 % at
+        # 1-4 K / 4-16 K tokens): their softmax binds there, and the exponentials alone (SFU_OVERLAP) do not reach
+        # it. Tried and not taken: the whole softmax overlapped at a fitted p (1.88, with 3.4 FP32 ops a score
+        # fitted and the output's rescale in warps of its own, as the Blackwell kernels' correction warpgroup does):
+        # head_dim 64 5.6 %, 256 11.6 %, but 128 4.77 -> 5.51 % with eta_attn at its bound — the region that carries
+        # to a B200
+        k0_attn_fixed=0.777994, item_cost_fixed=0.579347,
         # tcgen05 MMAs: a CTA pair shares one 256-wide tile (2-SM UMMA), so cuBLAS has 256x256 tiles too
         tiles=((64, 64), (64, 128), (128, 64), (64, 256), (128, 128), (128, 256), (256, 128), (256, 256)),
         memory="HBM3e", fitted_on="opbench b300_sxm (NVIDIA B300 SXM6 AC), bench/fit_constants.py",
     ),
 }
+# The A100 table has head_dim-128 rows only, which cannot pin how much of an attention kernel's fixed work grows
+# with head_dim (k0_attn_fixed, item_cost_fixed: stated there). FA2 takes the H100's: FA3 keeps FA2's per-tile
+# prologue and epilogue (load the query tile, normalise and store the output), and both families measured show a
+# share of about half or more fixed (H100 prefill 0.53, decode 0.55; B300 0.78, 0.58), where the old pricing (the
+# prologue wholly in proportion to head_dim, the decode item's work wholly fixed) is read off neither
+ARCH["ampere"] = replace(ARCH["ampere"], k0_attn_fixed=ARCH["hopper"].k0_attn_fixed,
+                         item_cost_fixed=ARCH["hopper"].item_cost_fixed)
 # Families no calibration table measured borrow the measured family whose kernels they run (GpuSpec.kernel_family):
 # Ada (sm_89) and GB202 (sm_120, RTX Blackwell) issue mma.sync like Ampere and run FlashAttention-2 in vLLM —
 # GB202 has neither Hopper's wgmma nor data-centre Blackwell's tcgen05/TMEM, so Hopper/B300 numbers would

@@ -317,7 +317,8 @@ class OpModel:
         """Causal FlashAttention over chunks ``(new, ctx)``: each query attends to ctx + its causal prefix.
 
         CTAs are (sequence, head, block of BM queries); a CTA's main loop runs over its keys, against a fixed
-        prologue/epilogue worth k0_attn keys for each of its query rows (eta_duty) — rows padded to the kernel's
+        prologue/epilogue worth k0_attn keys at head_dim 128 for each of its query rows (eta_duty; a share of it,
+        k0_attn_fixed, costs the same at every head_dim) — rows padded to the kernel's
         row block where it does not pack query heads into one tile (FlashAttention-2). Short chunks are
         latency- and duty-bound. Where the kernel splits the KV of a grid too small for the SMs (FA3,
         ``prefill_split``, ``fa3_splits``) the tiles are that many times more and shorter, and the split's fp32
@@ -472,7 +473,9 @@ class OpModel:
         # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
-        t_items = waves * c.item_cost * item_tile
+        # item_cost is stated at ATTN_K0_HEAD_DIM; the share of it not fixed (item_cost_fixed) grows with head_dim
+        t_items = waves * c.item_cost * item_tile * (1.0 + (1.0 - c.item_cost_fixed) * (head_dim / ATTN_K0_HEAD_DIM
+                                                                                       - 1.0))
         if fa3 and c.t_qrow:
             # FA3's PackGQA: the tile's query rows gathered in and written out row by row, t_qrow each
             t_items += waves * c.t_qrow * group

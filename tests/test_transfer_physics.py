@@ -782,40 +782,54 @@ def test_fa3_overlaps_a_softmax_that_grows_little_with_head_dim():
                 if int(row["head_dim"]) == d and not math.isnan(ms)]
         assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, d
 
-def test_attention_prologue_is_partly_fixed_across_head_dims():
-    """An attention kernel's per-tile prologue/epilogue is partly fixed (pipeline start, barriers, scheduling) and
-    partly grows with head_dim (the query tile's load, the output's normalisation and store): k0_attn_fixed, read
-    off the H100's and B300's head dims, borrowed by the FA2 family whose table has head_dim 128 only. k0_attn is
-    stated at head_dim 128, so that region does not move; elsewhere a short prompt costs less than in proportion
-    at 256 and more at 64, yet never less at a larger head_dim. Floors on the tables' rows outside head_dim 128
-    (all prefill rows: H100 64 / 192 / 256 and B300 64 / 256 ran 10.3 / 11.0 / 11.3 and 19.5 / 21.7 % priced in
-    proportion, 7.3 / 7.4 / 6.7 and 11.6 / 11.8 % with the fixed share)."""
+def test_attention_fixed_work_is_partly_fixed_across_head_dims():
+    """An attention kernel's fixed work is partly fixed (pipeline start, barriers, scheduling) and partly grows with
+    head_dim (the query's load, the output's normalisation and store): the prefill prologue (k0_attn_fixed) and a
+    decode item's work (item_cost_fixed), read off the H100's and B300's head dims and borrowed by the FA2 family,
+    whose table has head_dim 128 only. Both are stated at head_dim 128, so that region does not move; elsewhere a
+    short prompt costs less than in proportion at 256 and more at 64, a short decode more at 256 and less at 64
+    than a fixed cost, yet never less at a larger head_dim. Floors on the tables' rows outside head_dim 128 (every
+    row): H100 prefill 64 / 192 / 256 and B300 64 / 256 ran 10.3 / 11.0 / 11.3 and 19.5 / 21.7 % with the old
+    pricing, 6.9 / 7.4 / 6.7 and 11.5 / 11.6 % now; decode H100 64 / 256 10.5 / 7.7 -> 7.9 / 5.9 %, B300 6.4 /
+    9.4 -> 3.8 / 6.6 %."""
     from conftest import OPBENCH
 
     from m2live.validate import RowPredictor, measured, read_table
 
     for fam in ("ampere", "hopper", "blackwell", "ada", "blackwell_rtx"):
-        assert 0.0 < ARCH[fam].k0_attn_fixed <= 1.0, fam
-    assert ARCH["ampere"].k0_attn_fixed == ARCH["hopper"].k0_attn_fixed  # borrowed: the A100 cannot pin it
+        assert 0.0 < ARCH[fam].k0_attn_fixed < 1.0 and 0.0 < ARCH[fam].item_cost_fixed < 1.0, fam
+    for n in ("k0_attn_fixed", "item_cost_fixed"):  # borrowed: the A100's rows cannot pin them
+        assert getattr(ARCH["ampere"], n) == getattr(ARCH["hopper"], n)
     for gpu in (H100, B300, L40S):
         om = OpModel(get_gpu(gpu))
-        prop = OpModel(get_gpu(gpu), constants=replace(om.c, k0_attn_fixed=0.0))  # the whole prologue in proportion
+        old = OpModel(get_gpu(gpu), constants=replace(om.c, k0_attn_fixed=0.0, item_cost_fixed=1.0))
         for seqs in ([(128, 0)] * 4, [(2048, 0)], [(300, 700)] * 2):
-            assert om.prefill_attention(seqs, 32, 8, 128).t == prop.prefill_attention(seqs, 32, 8, 128).t
+            assert om.prefill_attention(seqs, 32, 8, 128).t == old.prefill_attention(seqs, 32, 8, 128).t
             t = {d: om.prefill_attention(seqs, 32, 8, d).t for d in (64, 128, 256)}
             assert t[64] <= t[128] <= t[256], (gpu, seqs, t)
+        for ctx, n in ((100, 2048), (4000, 8), (60, 1)):
+            assert om.decode_attention(ctx * n, n, 32, 8, 128).t == old.decode_attention(ctx * n, n, 32, 8, 128).t
+            t = {d: om.decode_attention(ctx * n, n, 32, 8, d).t for d in (64, 128, 256)}
+            assert t[64] <= t[128] <= t[256], (gpu, ctx, n, t)
+        # the compute branch of a short prompt, the memory branch of many short decodes (the items' fixed work)
         short = [(128, 0)] * 8
-        # the compute branch (a GDDR board's memory branch may bind these)
-        assert om.prefill_attention(short, 16, 16, 256).t_compute < prop.prefill_attention(short, 16, 16, 256).t_compute
-        assert om.prefill_attention(short, 16, 16, 64).t_compute > prop.prefill_attention(short, 16, 16, 64).t_compute
+        assert om.prefill_attention(short, 16, 16, 256).t_compute < old.prefill_attention(short, 16, 16, 256).t_compute
+        assert om.prefill_attention(short, 16, 16, 64).t_compute > old.prefill_attention(short, 16, 16, 64).t_compute
+        assert om.decode_attention(64 * 4096, 4096, 32, 8, 256).t_memory > \
+            old.decode_attention(64 * 4096, 4096, 32, 8, 256).t_memory
+        assert om.decode_attention(64 * 4096, 4096, 32, 8, 64).t_memory < \
+            old.decode_attention(64 * 4096, 4096, 32, 8, 64).t_memory
     rp = RowPredictor()
-    for folder, floors in (("h100_sxm", {64: 8.5, 192: 8.5, 256: 8.0}), ("b300_sxm", {64: 13.0, 256: 13.0})):
-        table = read_table(OPBENCH / folder / "prefill_attention_bf16.csv")
+    for folder, kind, floors in (("h100_sxm", "prefill", {64: 8.0, 192: 8.5, 256: 8.0}),
+                                 ("b300_sxm", "prefill", {64: 13.0, 256: 13.0}),
+                                 ("h100_sxm", "decode", {64: 9.0, 256: 7.0}),
+                                 ("b300_sxm", "decode", {64: 5.0, 256: 8.0})):
+        table = read_table(OPBENCH / folder / f"{kind}_attention_bf16.csv")
         for d, floor in floors.items():
-            errs = [abs(rp.predict_row(kind, row, i, table.path) / ms - 1.0) for i, (kind, row, ms)
+            errs = [abs(rp.predict_row(k, row, i, table.path) / ms - 1.0) for i, (k, row, ms)
                     in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2)
                     if int(row["head_dim"]) == d and not math.isnan(ms)]
-            assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, (folder, d)
+            assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, (folder, kind, d)
 
 
 # vLLM's communicator benchmarks (kernels/benchmark_device_communicators.py; the fastest all-reduce it has per
