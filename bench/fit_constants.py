@@ -54,7 +54,7 @@ GPUS = {"a100_sxm": ("NVIDIA A100-SXM4-80GB", "ampere"), "h100_sxm": ("NVIDIA H1
         "b300_sxm": ("NVIDIA B300 SXM6 AC", "blackwell")}
 # the attention group here also fits what only several head dims pin (--head-dims): the kernel's softmax overlap
 # (softmax_overlap, where a family prices it) and the fixed shares of its prefill prologue and decode item's work
-# (k0_attn_fixed, item_cost_fixed; a family at 0 is not moved: seed it first);
+# (k0_attn_fixed, item_cost_fixed; a family at their neutral values, 0 and 1, is not moved: seed it first);
 # m2live calibrate, on head_dim-128 rows, leaves them at the family's values
 HEAD_DIM_CONSTANTS = ("softmax_overlap", "k0_attn_fixed", "item_cost_fixed")
 GROUPS = {**FITTED_GROUPS, "attention": (*FITTED_GROUPS["attention"], *HEAD_DIM_CONSTANTS)}

@@ -191,7 +191,9 @@ class ArchConstants:
     # head_dim, as the MMAs
     k0_attn_fixed: float = 0.0
     # ...and of the decode kernel's fixed work an item (item_cost, stated at operators.ATTN_K0_HEAD_DIM): 1, all of
-    # it the same at every head_dim; the rest (the query's load, the output's normalisation and store) grows with it
+    # it the same at every head_dim; the rest (the query's load, the output's normalisation and store) grows with it.
+    # FA3's per-row gather (t_qrow), its scheduler's rounds (t_sched) and the prefill items (block_cost) keep their
+    # head_dim-128 values at every head_dim: the share fitted on item_cost stands for what of them grows
     item_cost_fixed: float = 1.0
     # the prefill kernel packs a KV head's query heads into its query tiles as rows (FA3's PackGQA, which its
     # varlen calls always take): the grid is ceil(new x group / attn_block_m) tiles per sequence and KV head
@@ -431,7 +433,9 @@ ARCH: dict[str, ArchConstants] = {
         # The prologue/epilogue is about half fixed: prompts under 1 K tokens cost the H100 less at head_dim 256,
         # and more at 64, than in proportion (against head_dim 128: 1.25 x and 0.88 x measured, 1.40 x and 0.79 x
         # priced in proportion). So is a decode item's fixed work, priced the same at every head_dim until now:
-        # decodes over <= 128 keys ran 12-19 % slow at head_dim 64, 4-18 % fast at 256. Each fitted alone
+        # decodes over <= 128 keys were priced 10-20 % too slow at head_dim 64 and 3-23 % too fast at 256 (medians
+        # by batch; at 1-32 sequences head_dim 64 stays 11-15 % too slow: the call's floor, not the items). Each
+        # fitted alone
         # (2026-12-07, bench/fit_constants.py --gpus h100_sxm --groups attention --only k0_attn_fixed, then
         # --only item_cost_fixed, --head-dims 64,128,192,256 --max-rows 6000; the rows of head_dim 128 do not move):
         # H100 prefill at head_dim 64 / 192 / 256 10.32 / 11.03 / 11.29 -> 6.89 / 7.39 / 6.65 %, decode 10.48 /
@@ -542,9 +546,9 @@ ARCH: dict[str, ArchConstants] = {
         # (a scanned rate did no better): B300 prefill 5.39 -> 5.08 % (docs/accuracy.md)
         prefill_mha_kv_serial=True,
         # ...and most of its per-tile prologue/epilogue costs the same at every head_dim: short prompts of head_dim
-        # 256 ran 10-30 % slower priced in proportion, of 64 10-15 % faster; a decode item's fixed work, priced
-        # the same at every head_dim, is about half fixed (decodes over <= 128 keys of 512-4096 sequences ran
-        # 11-21 % slow at 64, 18-36 % fast at 256). Each fitted alone (2026-12-07, bench/fit_constants.py --gpus
+        # 256 were priced 10-30 % too slow in proportion, of 64 10-15 % too fast; a decode item's fixed work,
+        # priced the same at every head_dim, is about half fixed (decodes over <= 128 keys of 512-2048 sequences
+        # were priced 17-23 % too slow at 64, 22-37 % too fast at 256). Each fitted alone (2026-12-07, bench/fit_constants.py --gpus
         # b300_sxm --groups attention --only k0_attn_fixed, then --only item_cost_fixed, --head-dims 64,128,256
         # --max-rows 6000): B300 prefill at head_dim 64 / 256 19.52 / 21.74 -> 11.50 / 11.59 %, decode 6.36 / 9.41
         # -> 3.77 / 6.63 %, head_dim 128 unchanged. What stays at 64 is the long prompts' compute (-16 / -22 % at
@@ -560,10 +564,12 @@ ARCH: dict[str, ArchConstants] = {
     ),
 }
 # The A100 table has head_dim-128 rows only, which cannot pin how much of an attention kernel's fixed work grows
-# with head_dim (k0_attn_fixed, item_cost_fixed: stated there). FA2 takes the H100's: FA3 keeps FA2's per-tile
-# prologue and epilogue (load the query tile, normalise and store the output), and both families measured show a
-# share of about half or more fixed (H100 prefill 0.53, decode 0.55; B300 0.78, 0.58), where the old pricing (the
-# prologue wholly in proportion to head_dim, the decode item's work wholly fixed) is read off neither
+# with head_dim (k0_attn_fixed, item_cost_fixed: stated there). FA2 takes the H100's: its prefill tiles and decode
+# items do the same per-row work as FA3's (load the query, normalise and store the output) against fixed set-up,
+# and both families measured show a share of about half or more fixed (H100 prefill 0.53, decode 0.55; B300 0.78,
+# 0.58), where the old pricing (the prologue wholly in proportion to head_dim, the decode item's work wholly fixed)
+# is read off neither. No FA2 row outside head_dim 128 has checked it (an A100 or L40S decode of one short sequence
+# at head_dim 256 now costs ~10 % more a call)
 ARCH["ampere"] = replace(ARCH["ampere"], k0_attn_fixed=ARCH["hopper"].k0_attn_fixed,
                          item_cost_fixed=ARCH["hopper"].item_cost_fixed)
 # Families no calibration table measured borrow the measured family whose kernels they run (GpuSpec.kernel_family):
