@@ -193,6 +193,7 @@ class OpModel:
         self._exp_rate = g.sms * g.exp_per_clk * g.boost_mhz * 1e6  # exponentials / s at boost (0: not priced)
         self._fp32_rate = g.sms * g.fp32_per_clk * g.boost_mhz * 1e6  # FP32 adds / multiplies / FMAs per s at boost
         self._softmax_costs: dict[int, float] = {}  # _softmax_cost per head dim
+        self._fixed_work: dict[int, tuple[float, float]] = {}  # _fixed_work_at per head dim
         self._write_cache: dict[tuple[int, int, int], float] = {}  # _cache_write per (KV heads, head_dim, tokens)
         self._gemm_cache: dict[tuple[int, int, int], tuple[float, float, float, float, float, float, float]] = {}
         self._makespan_cache: dict[tuple, float] = {}  # _list_makespan per (chunks, heads)
@@ -339,10 +340,7 @@ class OpModel:
         pad = c.attn_row_pad
         rows = 0  # query rows that pay the per-CTA prologue/epilogue: padded to the kernel's row block
         u_max = 0.0  # the longest query tile (one CTA's work) in key positions x rows
-        # the per-row prologue/epilogue's fixed share (k0_attn_fixed) costs the same at every head_dim; the rest
-        # (loading the query tile, normalising and storing the output) grows with it: k0_attn is its size at
-        # ATTN_K0_HEAD_DIM in key positions, which cost head_dim / ATTN_K0_HEAD_DIM times as much as there
-        k0 = c.k0_attn * (1.0 + c.k0_attn_fixed * (ATTN_K0_HEAD_DIM / head_dim - 1.0))
+        k0 = self._fixed_work_at(head_dim)[0]
         k0_full = k0 * (-(-bm // pad) * pad if pad else bm)  # a full tile's prologue/epilogue
         group = heads // kv_heads
         packed = 0  # query tiles with a KV head's query heads packed as rows (prefill_pack_gqa)
@@ -473,9 +471,7 @@ class OpModel:
         # items on 108 SMs take two items' time); FA3's and TRT-LLM's schedulers show no such steps (the H100 table
         # refitted with them: 12.1 % against 6.5 %), their items priced as the mean over the SMs
         waves = math.ceil(items / sms) if fa2 else items / sms
-        # item_cost is stated at ATTN_K0_HEAD_DIM; the share of it not fixed (item_cost_fixed) grows with head_dim
-        t_items = waves * c.item_cost * item_tile * (1.0 + (1.0 - c.item_cost_fixed) * (head_dim / ATTN_K0_HEAD_DIM
-                                                                                       - 1.0))
+        t_items = waves * self._fixed_work_at(head_dim)[1] * item_tile
         if fa3 and c.t_qrow:
             # FA3's PackGQA: the tile's query rows gathered in and written out row by row, t_qrow each
             t_items += waves * c.t_qrow * group
@@ -579,6 +575,25 @@ class OpModel:
             t_exp = scores / (self._exp_rate * f_clk * wave)
             return (tc ** SFU_OVERLAP + t_exp ** SFU_OVERLAP) ** (1.0 / SFU_OVERLAP)
         return tc
+
+    def _fixed_work_at(self, head_dim: int) -> tuple[float, float]:
+        """The attention kernels' fixed work at ``head_dim``: the prefill prologue/epilogue a query row in key
+        positions (k0_attn) and a decode item's SM-time (item_cost). Both are stated at ATTN_K0_HEAD_DIM; of each,
+        a share costs the same at every head_dim (pipeline start, barriers, scheduling: k0_attn_fixed,
+        item_cost_fixed) and the rest (the query's load, the output's normalisation and store) grows with it. A key
+        position costs head_dim / ATTN_K0_HEAD_DIM times its time there. Exactly the stated values at
+        ATTN_K0_HEAD_DIM; cached per head dim (the hot path looks it up)."""
+        got = self._fixed_work.get(head_dim)
+        if got is None:
+            c = self.c
+            r = head_dim / ATTN_K0_HEAD_DIM
+
+            def grown(fixed: float) -> float:  # time at head_dim over time at ATTN_K0_HEAD_DIM
+                return 1.0 + (1.0 - fixed) * (r - 1.0)
+
+            got = self._fixed_work[head_dim] = (c.k0_attn * grown(c.k0_attn_fixed) / r,
+                                                c.item_cost * grown(c.item_cost_fixed))
+        return got
 
     def _softmax_cost(self, head_dim: int) -> float:
         """Seconds per query-key score of FlashAttention-2's softmax at boost on every SM, in series with its

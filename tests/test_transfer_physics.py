@@ -47,6 +47,20 @@ def region_errors(folder: str, name: str, keep, rp=None) -> list[tuple[float, fl
             if in_core_region(kind, row) and not math.isnan(ms) and keep(row)]
 
 
+def head_dim_mape(folder: str, kind: str, head_dim: int, rp) -> tuple[int, float]:
+    """(rows, MAPE %) of every measured row of one opbench attention table (``kind``: prefill or decode) at
+    ``head_dim``, the scored region's filter left out."""
+    from conftest import OPBENCH
+
+    from m2live.validate import measured, read_table
+
+    t = read_table(OPBENCH / folder / f"{kind}_attention_bf16.csv")
+    errs = [abs(rp.predict_row(k, row, i, t.path) / ms - 1.0)
+            for i, (k, row, ms) in enumerate(zip(t.kinds, t.rows, measured(t), strict=True), start=2)
+            if int(row["head_dim"]) == head_dim and not math.isnan(ms)]
+    return len(errs), 100 * sum(errs) / max(1, len(errs))
+
+
 @pytest.mark.parametrize("name, family", [
     ("NVIDIA A100-SXM4-80GB", "ampere"), ("NVIDIA A40", "ampere"), (L40S, "ada"), (H100, "hopper"),
     (H200, "hopper"), (B200, "blackwell"), (B300, "blackwell"), (PRO6000, "blackwell_rtx"),
@@ -750,9 +764,7 @@ def test_fa3_overlaps_a_softmax_that_grows_little_with_head_dim():
     than at 128, and closer at 256; a slower FP32 pipe slows it; an overlap closer to in series never speeds it.
     The H100 table's rows at head dims outside the scored region stay near the fit (14.7 / 14.2 % at 64 / 256
     before it, ~10-11 % after)."""
-    from conftest import OPBENCH
-
-    from m2live.validate import RowPredictor, measured, read_table
+    from m2live.validate import RowPredictor
 
     assert ARCH["hopper"].softmax_overlap > 0
     assert ARCH["ampere"].softmax_overlap == ARCH["blackwell"].softmax_overlap == 0  # their own softmax pricing
@@ -774,13 +786,11 @@ def test_fa3_overlaps_a_softmax_that_grows_little_with_head_dim():
     # the decode kernel's compute branch overlaps the same softmax (its KV stream binds, not this)
     assert slower.decode_attention(64 * 4096, 64, 32, 8, 128).t_compute > om.decode_attention(64 * 4096, 64, 32, 8,
                                                                                                  128).t_compute
-    table = read_table(OPBENCH / "h100_sxm" / "prefill_attention_bf16.csv")
     rp = RowPredictor()
     for d, floor in ((64, 12.0), (256, 12.5)):
-        errs = [abs(rp.predict_row(kind, row, i, table.path) / ms - 1.0) for i, (kind, row, ms)
-                in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2)
-                if int(row["head_dim"]) == d and not math.isnan(ms)]
-        assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, d
+        rows, mape = head_dim_mape("h100_sxm", "prefill", d, rp)
+        assert rows > 500 and mape < floor, d
+
 
 def test_attention_fixed_work_is_partly_fixed_across_head_dims():
     """An attention kernel's fixed work is partly fixed (pipeline start, barriers, scheduling) and partly grows with
@@ -792,9 +802,7 @@ def test_attention_fixed_work_is_partly_fixed_across_head_dims():
     row): H100 prefill 64 / 192 / 256 and B300 64 / 256 ran 10.3 / 11.0 / 11.3 and 19.5 / 21.7 % with the old
     pricing, 6.9 / 7.4 / 6.7 and 11.5 / 11.6 % now; decode H100 64 / 192 / 256 10.5 / 7.9 / 7.7 -> 7.9 / 6.7 /
     5.9 %, B300 64 / 256 6.4 / 9.4 -> 3.8 / 6.6 %."""
-    from conftest import OPBENCH
-
-    from m2live.validate import RowPredictor, measured, read_table
+    from m2live.validate import RowPredictor
 
     for fam in ("ampere", "hopper", "blackwell", "ada", "blackwell_rtx"):
         assert 0.0 < ARCH[fam].k0_attn_fixed < 1.0 and 0.0 < ARCH[fam].item_cost_fixed < 1.0, fam
@@ -824,12 +832,9 @@ def test_attention_fixed_work_is_partly_fixed_across_head_dims():
                                  ("b300_sxm", "prefill", {64: 13.0, 256: 13.0}),
                                  ("h100_sxm", "decode", {64: 9.0, 192: 7.5, 256: 7.0}),
                                  ("b300_sxm", "decode", {64: 5.0, 256: 8.0})):
-        table = read_table(OPBENCH / folder / f"{kind}_attention_bf16.csv")
         for d, floor in floors.items():
-            errs = [abs(rp.predict_row(k, row, i, table.path) / ms - 1.0) for i, (k, row, ms)
-                    in enumerate(zip(table.kinds, table.rows, measured(table), strict=True), start=2)
-                    if int(row["head_dim"]) == d and not math.isnan(ms)]
-            assert len(errs) > 500 and 100 * sum(errs) / len(errs) < floor, (folder, kind, d)
+            rows, mape = head_dim_mape(folder, kind, d, rp)
+            assert rows > 500 and mape < floor, (folder, kind, d)
 
 
 # vLLM's communicator benchmarks (kernels/benchmark_device_communicators.py; the fastest all-reduce it has per
