@@ -3,7 +3,8 @@
 Per calibration GPU × operator kind (opbench tables): MAPE with the constants fitted on that GPU (in-sample),
 with the constants fitted on the *other* GPU (leave-one-GPU-out: the held-out GPU is predicted from its
 datasheet alone), and the constant-efficiency roofline baseline max(FLOPs/(0.75·P_datasheet),
-bytes/(0.75·BW)). Plus an independent validation on Vidur's Llama projection profiles (A100, H100, A40),
+bytes/(0.75·BW)), over the scored region (GEMM N,K in [1024, 16384]; attention head_dim 128), every row, and
+each other head dim of the attention tables apart. Plus an independent validation on Vidur's Llama projection profiles (A100, H100, A40),
 which were never used for fitting, on the public "maximum achievable matmul FLOPS" table (accuracy_mamf.py) and
 on a public table of square bf16 torch.mm figures (accuracy_square.py; H200, B200, L40S, RTX PRO 6000 among them).
 
@@ -89,6 +90,8 @@ def score_calibration() -> tuple[dict, dict]:
                 groups.setdefault(f"{kind}/all", []).append(entry)
                 if in_core_region(kind, row):
                     groups.setdefault(f"{kind}/core", []).append(entry)
+                elif kind != "gemm":  # attention at the table's other head dims (outside the scored region)
+                    groups.setdefault(f"{kind}/head_dim_{row['head_dim']}", []).append(entry)
             gpu = t.rows[0]["device"]
             for key, vals in groups.items():
                 kind, region = key.split("/")
@@ -100,7 +103,7 @@ def score_calibration() -> tuple[dict, dict]:
                 out.setdefault(gpu, {})[key] = {
                     "kind": kind,
                     "region": ("N,K in [1024,16384], every M" if kind == "gemm" else "head_dim 128")
-                    if region == "core" else "all rows",
+                    if region == "core" else "all rows" if region == "all" else region.replace("_", " "),
                     "rows": len(vals), "mape_in_sample": by_src[arch],
                     "mape_leave_one_gpu_out": by_src[OTHER[arch]],
                     "mape_baseline_eta0.75": err(lambda v: v[1]),

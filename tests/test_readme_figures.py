@@ -40,6 +40,16 @@ def test_in_sample_operator_figures_are_accuracy_json():
     assert f"prefill {pre} %, decode {dec} %" in _status_row("prefill / decode attention, in-sample")
 
 
+def test_other_head_dims_figures_are_accuracy_json():
+    cal = _json("accuracy.json")["calibration"]
+    cells = []
+    for gpu, label, dims in (("NVIDIA H100 80GB HBM3", "H100", (64, 192, 256)), ("NVIDIA B300 SXM6 AC", "B300", (64, 256))):
+        pre, dec = (_join((cal[gpu][f"{k}_attention/head_dim_{d}"]["mape_in_sample"] for d in dims), ".2f")
+                    for k in ("prefill", "decode"))
+        cells.append(f"{label} prefill {pre} %, decode {dec} %")
+    assert f"| {'; '.join(cells)} |" in _status_row("attention at the other head dims")
+
+
 def test_calibrated_default_budget_is_accuracy_json():
     summary = _json("accuracy.json")["calibrated"]["summary"]
     cells = {k: _join((summary[g]["zero_shot"][k] for g in GPUS), ".2f") for k in ("gemm", "prefill", "decode")}
